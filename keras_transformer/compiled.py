@@ -1,0 +1,125 @@
+"""Compiled decoding: one trace per input shape, on each backend.
+
+`decoding.py` is backend-agnostic; making it fast is backend-specific, so it lives here:
+
+- TensorFlow: `tf.function(jit_compile=True, reduce_retracing=True)`: the whole search,
+  `while_loop` and caches included, compiles with XLA. Variables are captured by
+  reference, so later weight updates are seen.
+- JAX: `jax.jit` of a pure function that takes the model's variable values as
+  arguments and maps them onto the variables with `keras.StatelessScope`, so weights are
+  inputs of the compiled program, not constants baked into it, and updates are seen.
+- PyTorch: eager under `torch.no_grad()`. `keras.ops.while_loop` is a Python loop on
+  this backend, and `torch.compile` would unroll or graph-break on it at every step; the
+  per-step work is already a handful of fused kernels, so compiling is not worth it.
+
+A `CompiledDecoder` traces once per distinct `[B, S]` input shape (plus dtype), so
+batches bucketed to the same shape reuse one compiled program; `trace_count` counts
+the traces (a Python side effect inside the traced function runs only when tracing).
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer import decoding
+
+_METHODS = {
+    "beam": decoding.beam_decode,
+    "greedy": decoding.greedy_decode,
+    "greedy_uncached": decoding.greedy_decode_uncached,
+}
+
+
+class CompiledDecoder:
+    """Callable `encoder_inputs [B, S] -> (tokens, scores)` compiled for the backend.
+
+    Wraps one of `decoding.beam_decode`, `greedy_decode` or `greedy_decode_uncached`
+    with fixed keyword arguments. Calling it with a new input shape traces (and on
+    TensorFlow / JAX compiles) once; later calls with that shape reuse the program.
+    Inputs are cast to int32 first, so NumPy int64 arrays do not trace separately.
+
+    Args:
+        model: a `keras_transformer.Transformer`.
+        method: "beam" (default), "greedy" or "greedy_uncached".
+        jit_compile: bool. On TensorFlow, compile with XLA (default True); False runs a
+            plain `tf.function` graph. Ignored on the other backends.
+        **decode_kwargs: passed to the decoding function (`beam_size`, `alpha`,
+            `max_length`, `max_extra`, `return_all_beams`).
+
+    Attributes:
+        trace_count: int, how many times the function was traced (0 on PyTorch).
+
+    Example:
+    >>> decoder = CompiledDecoder(model, "beam", beam_size=4)
+    >>> tokens, scores = decoder(keras.ops.array([[5, 6, 7, 0]]))
+    """
+
+    def __init__(self, model, method="beam", jit_compile=True, **decode_kwargs):
+        if method not in _METHODS:
+            raise ValueError(f"`method` must be one of {sorted(_METHODS)}. Received: method={method!r}")
+        self.model = model
+        self.method = method
+        self.jit_compile = jit_compile
+        self.decode_kwargs = dict(decode_kwargs)
+        self.trace_count = 0
+        self.backend = keras.backend.backend()
+        builders = {
+            "tensorflow": self._build_tensorflow,
+            "jax": self._build_jax,
+            "torch": self._build_torch,
+        }
+        if self.backend not in builders:
+            raise ValueError(
+                f"CompiledDecoder supports the tensorflow, jax and torch backends. "
+                f"Received: backend={self.backend!r}"
+            )
+        self._function = builders[self.backend]()
+
+    def _decode(self, encoder_inputs):
+        return _METHODS[self.method](self.model, encoder_inputs, **self.decode_kwargs)
+
+    def _build_tensorflow(self):
+        import tensorflow as tf
+
+        def traced(encoder_inputs):
+            self.trace_count += 1  # runs only while tracing
+            return self._decode(encoder_inputs)
+
+        return tf.function(traced, jit_compile=self.jit_compile, reduce_retracing=True)
+
+    def _build_jax(self):
+        import jax
+
+        variables = self.model.variables
+
+        def pure(values, encoder_inputs):
+            self.trace_count += 1  # runs only while tracing
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return self._decode(encoder_inputs)
+
+        jitted = jax.jit(pure)
+        return lambda encoder_inputs: jitted([v.value for v in variables], encoder_inputs)
+
+    def _build_torch(self):
+        import torch
+
+        def run(encoder_inputs):
+            with torch.no_grad():
+                return self._decode(encoder_inputs)
+
+        return run
+
+    def __call__(self, encoder_inputs):
+        return self._function(ops.cast(ops.convert_to_tensor(encoder_inputs), "int32"))
+
+
+def compile_decoder(model, method="beam", jit_compile=True, **decode_kwargs):
+    """Returns a `CompiledDecoder` for `model` (see its docstring).
+
+    Example:
+    >>> decode = compile_decoder(model, "greedy", max_extra=10)
+    >>> tokens, scores = decode(source_ids)
+    """
+    return CompiledDecoder(model, method, jit_compile=jit_compile, **decode_kwargs)
+
+
+__all__ = ["CompiledDecoder", "compile_decoder"]

@@ -1,0 +1,10 @@
+"""Corpora and input pipeline: readers, the built-in demo corpus, tf.data batching."""
+
+from keras_transformer.data.demo_corpus import ambiguous_date_formats
+from keras_transformer.data.demo_corpus import date_renderings
+from keras_transformer.data.demo_corpus import make_demo_corpus
+from keras_transformer.data.demo_corpus import write_demo_corpus
+from keras_transformer.data.readers import ReadStats
+from keras_transformer.data.readers import load_tfds
+from keras_transformer.data.readers import read_parallel_files
+from keras_transformer.data.readers import read_tsv

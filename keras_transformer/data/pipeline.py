@@ -1,0 +1,461 @@
+"""The tf.data input pipeline: sentence pairs in, padded batches of token ids out.
+
+Steps, each a small function below: tokenize both sides with the joint subword
+tokenizer; append EOS to the source; make the decoder input `BOS + target` and the
+labels `target + EOS` (the decoder input shifted right by one); drop or truncate pairs
+longer than `max_length`, counting them; group examples of similar length into buckets
+and batch each bucket by a token budget, as the paper does ("each training batch
+contained a set of sentence pairs containing approximately 25000 source tokens and
+25000 target tokens", Vaswani et al., 2017, section 5.1); pad every batch to its
+bucket boundary so the model sees few shapes (with `jit_compile`, every new shape
+is a recompilation); shuffle with a seed, cache and prefetch.
+
+The output is `({"encoder_inputs": [B, L], "decoder_inputs": [B, L]}, labels [B, L])`,
+int32, padded with `PAD_ID` (0), where L is the bucket boundary: both sides of a batch
+share one padded length. It feeds `model.fit` under every Keras backend.
+"""
+
+import dataclasses
+import logging
+import math
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+logger = logging.getLogger(__name__)
+
+OVERLONG_MODES = ("drop", "truncate")
+
+# Default buckets start at one multiple of 8 and grow by about half each time, so a
+# batch carries at most ~1/3 padding, yet max_length=256 needs only 9 shapes.
+_BUCKET_MULTIPLE = 8
+_BUCKET_GROWTH = 1.5
+
+# Sentences are tokenized this many at a time: tf-text is much faster on batches.
+_TOKENIZE_BATCH_SIZE = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthStats:
+    """What the length limit did to a corpus, and the batches that remain.
+
+    Args:
+        total: int, number of pairs given.
+        kept: int, pairs in the dataset (truncated ones included).
+        dropped: int, pairs left out for being longer than `max_length`.
+        truncated: int, pairs cut to `max_length`.
+        max_length: int, the limit, counting EOS (source) or BOS/EOS (target).
+        bucket_boundaries: tuple of int, padded length of each bucket.
+        bucket_batch_sizes: tuple of int, examples per full batch of each bucket.
+        bucket_counts: tuple of int, kept examples per bucket.
+        num_batches: int, batches in one epoch.
+
+    Example:
+        >>> stats = LengthStats(total=3, kept=2, dropped=1, truncated=0,
+        ...     max_length=8, bucket_boundaries=(8,), bucket_batch_sizes=(4,),
+        ...     bucket_counts=(2,), num_batches=1)
+        >>> stats.dropped
+        1
+    """
+
+    total: int
+    kept: int
+    dropped: int
+    truncated: int
+    max_length: int
+    bucket_boundaries: tuple
+    bucket_batch_sizes: tuple
+    bucket_counts: tuple
+    num_batches: int
+
+    def __str__(self):
+        return (
+            f"{self.total} pairs: {self.kept} kept, {self.dropped} dropped and "
+            f"{self.truncated} truncated for max_length={self.max_length}; "
+            f"{self.num_batches} batches per epoch in buckets "
+            f"{dict(zip(self.bucket_boundaries, self.bucket_counts))} "
+            "(boundary: examples)"
+        )
+
+
+class BatchedDataset(NamedTuple):
+    """What `make_dataset` returns: the batches and the statistics of the corpus."""
+
+    dataset: tf.data.Dataset
+    stats: LengthStats
+
+
+def default_bucket_boundaries(max_length):
+    """Padded lengths of the buckets: multiples of 8 growing by ~1.5x, up to max_length.
+
+    Example:
+        >>> default_bucket_boundaries(256)
+        [8, 16, 24, 40, 64, 96, 144, 216, 256]
+    """
+    boundaries = []
+    boundary = _BUCKET_MULTIPLE
+    while boundary < max_length:
+        boundaries.append(boundary)
+        grown = math.ceil(boundary * _BUCKET_GROWTH / _BUCKET_MULTIPLE)
+        boundary = grown * _BUCKET_MULTIPLE
+    return boundaries + [max_length]
+
+
+def bucket_batch_sizes(bucket_boundaries, tokens_per_batch):
+    """Examples per batch in each bucket, so that batch * boundary <= tokens_per_batch.
+
+    The budget counts the padded tokens of one side, as the paper's batches hold
+    ~25000 source and ~25000 target tokens; both sides share the padded length here.
+
+    Example:
+        >>> bucket_batch_sizes([8, 16, 24], tokens_per_batch=64)
+        [8, 4, 2]
+    """
+    return [max(1, tokens_per_batch // boundary) for boundary in bucket_boundaries]
+
+
+def tokenize_pairs(pairs, tokenizer):
+    """Token ids of both sides of each pair, without BOS or EOS.
+
+    Args:
+        pairs: `tf.data.Dataset` of `(source, target)` scalar tf.string pairs.
+        tokenizer: a `SubwordTokenizer` (anything whose `tokenize` maps a
+            tf.string [B] tensor to an int32 ragged [B, None] tensor).
+
+    Returns:
+        `tf.data.Dataset` of `(source_ids, target_ids)`, int32 vectors.
+    """
+
+    def tokenize(source, target):
+        return tokenizer.tokenize(source), tokenizer.tokenize(target)
+
+    return (
+        pairs.batch(_TOKENIZE_BATCH_SIZE)
+        .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+        .unbatch()
+    )
+
+
+def example_length(source_ids, target_ids):
+    """Length of a pair once EOS / BOS are added: max(source, target) + 1."""
+    return tf.maximum(tf.size(source_ids), tf.size(target_ids)) + 1
+
+
+def fit_to_length(tokenized, max_length, overlong="drop"):
+    """Drop the pairs longer than `max_length`, or cut them to fit.
+
+    The limit counts what the model sees: the source with its EOS and the decoder
+    input with its BOS (the labels have the same length). Truncation keeps the
+    first `max_length - 1` tokens of each side, so EOS and BOS still fit.
+
+    Args:
+        tokenized: `tf.data.Dataset` of `(source_ids, target_ids)`.
+        max_length: int, the limit.
+        overlong: str, `"drop"` or `"truncate"`.
+
+    Returns:
+        `tf.data.Dataset` of `(source_ids, target_ids)` that fit.
+    """
+    if overlong == "drop":
+        return tokenized.filter(
+            lambda source, target: example_length(source, target) <= max_length
+        )
+    return tokenized.map(
+        lambda source, target: (source[: max_length - 1], target[: max_length - 1]),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def to_model_inputs(source_ids, target_ids):
+    """The model's inputs and labels for one pair of token id vectors.
+
+    The source gets EOS (no BOS: the encoder needs no start signal); the decoder
+    input is `BOS + target` and the labels are `target + EOS`, so
+    `labels[t] == decoder_inputs[t + 1]`: teacher forcing, one step ahead.
+
+    Returns:
+        `({"encoder_inputs": [S], "decoder_inputs": [T]}, labels [T])`, int32.
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    target_ids = tf.cast(target_ids, tf.int32)
+    eos = tf.constant([EOS_ID], tf.int32)
+    bos = tf.constant([BOS_ID], tf.int32)
+    inputs = {
+        "encoder_inputs": tf.concat([source_ids, eos], axis=0),
+        "decoder_inputs": tf.concat([bos, target_ids], axis=0),
+    }
+    return inputs, tf.concat([target_ids, eos], axis=0)
+
+
+def batch_by_token_budget(examples, bucket_boundaries, tokens_per_batch):
+    """Bucket examples by length and batch each bucket by a token budget.
+
+    An example goes to the first bucket whose boundary is >= its length and is
+    padded (with PAD_ID) to that boundary on both sides; a bucket's batches hold
+    `bucket_batch_sizes(...)` examples, the last one of an epoch fewer.
+
+    Args:
+        examples: `tf.data.Dataset` from `to_model_inputs`, every example no
+            longer than `bucket_boundaries[-1]`.
+        bucket_boundaries: increasing list of int, the padded lengths.
+        tokens_per_batch: int, the budget of padded tokens of one side.
+
+    Returns:
+        `tf.data.Dataset` of padded batches.
+    """
+    # bucket_by_sequence_length pads to `boundary - 1` and wants length < boundary,
+    # so it is given boundaries one above the padded lengths wanted here.
+    return examples.bucket_by_sequence_length(
+        element_length_func=lambda inputs, labels: tf.maximum(
+            tf.shape(inputs["encoder_inputs"])[0],
+            tf.shape(inputs["decoder_inputs"])[0],
+        ),
+        bucket_boundaries=[boundary + 1 for boundary in bucket_boundaries],
+        # One batch size per boundary, plus the unused bucket above the last one.
+        bucket_batch_sizes=bucket_batch_sizes(bucket_boundaries, tokens_per_batch)
+        + [1],
+        padding_values=({"encoder_inputs": PAD_ID, "decoder_inputs": PAD_ID}, PAD_ID),
+        pad_to_bucket_boundary=True,
+    )
+
+
+def count_lengths(tokenized, max_length, bucket_boundaries, tokens_per_batch,
+                  overlong="drop"):
+    """Count, in one pass over the data, what the length limit and the buckets do.
+
+    Args:
+        tokenized: finite `tf.data.Dataset` of `(source_ids, target_ids)`.
+        max_length, bucket_boundaries, tokens_per_batch, overlong: as in
+            `make_dataset`.
+
+    Returns:
+        A `LengthStats`.
+    """
+    boundaries = tf.constant(bucket_boundaries, tf.int32)
+    num_buckets = len(bucket_boundaries)
+
+    def add(state, pair):
+        total, over, counts = state
+        length = example_length(*pair)
+        is_over = length > max_length
+        kept = tf.logical_not(is_over) if overlong == "drop" else tf.constant(True)
+        bucket = tf.reduce_sum(
+            tf.cast(boundaries < tf.minimum(length, max_length), tf.int32)
+        )
+        counts += tf.one_hot(bucket, num_buckets, dtype=tf.int64) * tf.cast(
+            kept, tf.int64
+        )
+        return total + 1, over + tf.cast(is_over, tf.int64), counts
+
+    zero = tf.constant(0, tf.int64)
+    total, over, counts = tokenized.reduce(
+        (zero, zero, tf.zeros([num_buckets], tf.int64)), add
+    )
+    total, over = int(total), int(over)
+    counts = tuple(int(count) for count in counts.numpy())
+    sizes = tuple(bucket_batch_sizes(bucket_boundaries, tokens_per_batch))
+    return LengthStats(
+        total=total,
+        kept=total - over if overlong == "drop" else total,
+        dropped=over if overlong == "drop" else 0,
+        truncated=over if overlong == "truncate" else 0,
+        max_length=max_length,
+        bucket_boundaries=tuple(bucket_boundaries),
+        bucket_batch_sizes=sizes,
+        bucket_counts=counts,
+        num_batches=sum(math.ceil(n / size) for n, size in zip(counts, sizes)),
+    )
+
+
+def make_dataset(
+    pairs,
+    tokenizer,
+    *,
+    max_length,
+    tokens_per_batch,
+    bucket_boundaries=None,
+    shuffle=True,
+    seed=0,
+    overlong="drop",
+    cache=True,
+    repeat=False,
+    shuffle_buffer_size=None,
+    batch_shuffle_buffer_size=1024,
+):
+    """Batches of `({"encoder_inputs", "decoder_inputs"}, labels)` from sentence pairs.
+
+    Tokenizes both sides, adds EOS to the source and BOS / EOS to the target (the
+    labels are the decoder inputs shifted by one), drops or truncates pairs over
+    `max_length`, buckets by length, batches each bucket by `tokens_per_batch`
+    padded tokens and pads to the bucket boundary. Before building the dataset it
+    makes one pass over the data to count the pairs dropped or truncated and the
+    batches per epoch; the counts are returned and logged. With `cache=True` that
+    pass also fills the in-memory cache of the tokenized pairs, so tokenization
+    happens once. Shuffling is seeded: the same seed gives the same batches in the
+    same order; each epoch (each new iteration) reshuffles, reproducibly.
+
+    Args:
+        pairs: list of `(source, target)` str pairs, or a `tf.data.Dataset` of
+            scalar tf.string `(source, target)` pairs (use the Dataset form for
+            corpora too big to hold as one constant tensor).
+        tokenizer: the `SubwordTokenizer` of both languages.
+        max_length: int >= 2, longest encoder input / decoder input, counting
+            EOS / BOS.
+        tokens_per_batch: int, padded tokens of one side per batch (the paper
+            uses ~25000); at least the largest bucket boundary.
+        bucket_boundaries: increasing list of int, padded lengths of the buckets;
+            the last must be >= max_length. Default `default_bucket_boundaries`.
+        shuffle: bool, shuffle examples before bucketing and batches after.
+        seed: int, the shuffle seed.
+        overlong: `"drop"` (default) or `"truncate"` pairs over `max_length`.
+        cache: bool, keep the tokenized pairs in memory.
+        repeat: bool, repeat the epochs forever (then give `model.fit` a
+            `steps_per_epoch`, e.g. `stats.num_batches`).
+        shuffle_buffer_size: int, examples in the shuffle buffer; default all
+            kept examples (a full shuffle).
+        batch_shuffle_buffer_size: int, batches in the batch shuffle buffer.
+
+    Returns:
+        `BatchedDataset(dataset, stats)`: the `tf.data.Dataset` and its
+        `LengthStats`.
+
+    Example:
+
+    >>> batches, stats = make_dataset([("ein Haus", "a house")] * 4, tokenizer,
+    ...     max_length=8, tokens_per_batch=16)
+    >>> inputs, labels = next(iter(batches))
+    >>> inputs["encoder_inputs"].shape
+    TensorShape([2, 8])
+    """
+    if max_length is None or not _is_int(max_length) or max_length < 2:
+        raise ValueError(
+            "`max_length` must be an integer >= 2 (one token plus EOS). "
+            f"Received: max_length={max_length!r}"
+        )
+    if overlong not in OVERLONG_MODES:
+        raise ValueError(
+            f"`overlong` must be one of {OVERLONG_MODES}. Received: {overlong!r}"
+        )
+    if bucket_boundaries is None:
+        bucket_boundaries = default_bucket_boundaries(max_length)
+    bucket_boundaries = _checked_boundaries(bucket_boundaries, max_length)
+    if not _is_int(tokens_per_batch) or tokens_per_batch < bucket_boundaries[-1]:
+        raise ValueError(
+            "`tokens_per_batch` must be an integer >= the largest bucket boundary "
+            f"({bucket_boundaries[-1]}), so the longest example fits in a batch. "
+            f"Received: tokens_per_batch={tokens_per_batch!r}"
+        )
+
+    tokenized = tokenize_pairs(_as_string_pairs(pairs), tokenizer)
+    if cache:
+        tokenized = tokenized.cache()
+    stats = count_lengths(
+        tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong
+    )
+    logger.info("make_dataset: %s", stats)
+    if stats.kept == 0:
+        raise ValueError(
+            f"No pair fits max_length={max_length}: all {stats.total} pairs are "
+            "longer (or there are none). Raise max_length or use "
+            "overlong='truncate'."
+        )
+
+    examples = fit_to_length(tokenized, max_length, overlong)
+    if shuffle:
+        examples = examples.shuffle(
+            shuffle_buffer_size or stats.kept, seed=seed, reshuffle_each_iteration=True
+        )
+    examples = examples.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = batch_by_token_budget(examples, bucket_boundaries, tokens_per_batch)
+    if shuffle:
+        # Bucketing emits batches in runs of similar length; mix them up again.
+        # The seed differs from the example shuffle's so the two are independent.
+        batches = batches.shuffle(
+            batch_shuffle_buffer_size, seed=seed + 1, reshuffle_each_iteration=True
+        )
+    # Bucketing hides the number of batches from tf.data; it is known from the
+    # counts, and telling it lets Keras size epochs and progress bars (and
+    # checks the count: a mismatch raises while iterating).
+    batches = batches.apply(tf.data.experimental.assert_cardinality(stats.num_batches))
+    if repeat:
+        batches = batches.repeat()
+    return BatchedDataset(batches.prefetch(tf.data.AUTOTUNE), stats)
+
+
+def count_batches(dataset):
+    """Number of batches in a finite dataset, iterating over it if TF cannot tell.
+
+    `make_dataset` output states its cardinality (`LengthStats.num_batches`), so
+    for it this needs no pass over the data.
+
+    Raises:
+        ValueError: the dataset repeats forever.
+    """
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise ValueError(
+            "`dataset` is infinite (it repeats); count the batches of one epoch, "
+            "e.g. with make_dataset(..., repeat=False)."
+        )
+    if cardinality >= 0:
+        return cardinality
+    return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked_boundaries(bucket_boundaries, max_length):
+    """The boundaries as a list, refusing unsorted, non-positive or too short ones."""
+    boundaries = list(bucket_boundaries)
+    if (
+        not boundaries
+        or not all(_is_int(b) and b > 0 for b in boundaries)
+        or any(a >= b for a, b in zip(boundaries, boundaries[1:]))
+    ):
+        raise ValueError(
+            "`bucket_boundaries` must be a non-empty, strictly increasing list of "
+            f"positive integers. Received: {bucket_boundaries!r}"
+        )
+    if boundaries[-1] < max_length:
+        raise ValueError(
+            f"The last bucket boundary must be >= max_length={max_length}, so every "
+            f"kept example has a bucket. Received: bucket_boundaries={boundaries}"
+        )
+    return boundaries
+
+
+def _as_string_pairs(pairs):
+    """A `tf.data.Dataset` of scalar string `(source, target)` pairs."""
+    if isinstance(pairs, tf.data.Dataset):
+        spec = pairs.element_spec
+        expected = tf.TensorSpec([], tf.string)
+        if not (
+            isinstance(spec, tuple)
+            and len(spec) == 2
+            and all(expected.is_compatible_with(part) for part in spec)
+        ):
+            raise ValueError(
+                "A `pairs` dataset must yield (source, target) scalar tf.string "
+                f"pairs. Received: element_spec={spec}"
+            )
+        return pairs
+    pairs = list(pairs)
+    for index, pair in enumerate(pairs):
+        if not (
+            isinstance(pair, (tuple, list))
+            and len(pair) == 2
+            and all(isinstance(side, str) for side in pair)
+        ):
+            raise ValueError(
+                "`pairs` must be (source, target) pairs of str. "
+                f"Received: {pair!r} at index {index}"
+            )
+    sources = [source for source, _ in pairs]
+    targets = [target for _, target in pairs]
+    return tf.data.Dataset.from_tensor_slices(
+        (tf.constant(sources, tf.string), tf.constant(targets, tf.string))
+    )

@@ -1,0 +1,511 @@
+"""Greedy and beam search over a cached decoder step (Vaswani et al., 2017, 6.1).
+
+Two layers of API:
+
+- `greedy_search` / `beam_search` drive any `step_fn(token_ids [B', 1], index, state)
+  -> (logits [B', V], new_state)`, so tests can hand them a model whose next-token
+  probabilities they choose.
+- `greedy_decode` / `beam_decode` run a `Transformer` through them: the encoder once,
+  then the decoder one token at a time through its key/value cache (`model.encode`,
+  `model.initial_cache`, `model.decode_step`: the layer objects that training built).
+
+Conventions shared by every function here:
+
+- Output tokens are `int32 [B, L]` without BOS, *with* the EOS that ended the sentence,
+  and 0 (PAD) after it. Every sentence ends with EOS: at its last allowed position EOS
+  is forced, so a hypothesis that reaches the length limit is finished there.
+- PAD and BOS are never generated: their log-probability is set to -inf without
+  renormalising (fairseq does the same), so 0 in the output always means padding.
+- A sentence's length limit counts generated tokens, EOS included. By default it is
+  its real (non-pad) source length + `config.max_decode_extra` (the paper's "input
+  length + 50", 6.1), capped so that BOS + output fits `config.max_length` positions.
+  A batch runs to the longest limit of its sentences; each sentence stops at its own,
+  so it decodes exactly as it would alone.
+- Scores are float32 `[B]`: the sum of token log-probabilities (EOS included) for
+  greedy search; that sum divided by the length penalty `((5 + len) / 6) ** alpha` for
+  beam search (Wu et al., 2016, eq. 14).
+
+Loops are `keras.ops.while_loop` with fixed-shape loop variables (the cache holds the
+longest limit from the start), so they trace inside `tf.function` (XLA included) and
+`jax.jit`; see `keras_transformer.compiled` for compiled callables.
+"""
+
+from keras import ops
+from keras import tree
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+# The paper's decoding settings (6.1), defined once in TransformerConfig.
+DEFAULT_BEAM_SIZE = TransformerConfig.beam_size  # 4
+DEFAULT_ALPHA = TransformerConfig.length_penalty  # 0.6
+
+_NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------- scoring
+def length_penalty(length, alpha):
+    """The GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14).
+
+    Beam search divides a hypothesis' log-probability by it, so that with `alpha > 0`
+    longer hypotheses are penalised less than their summed log-probability would;
+    `alpha = 0` gives 1 (no penalty). The paper uses alpha = 0.6 (6.1).
+
+    Args:
+        length: int or int tensor. Number of generated tokens, EOS included.
+        alpha: float >= 0.
+
+    Example:
+    >>> float(length_penalty(7, 0.6))  # ((5 + 7) / 6) ** 0.6
+    1.515716566510398
+    """
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id):
+    """float32 `[B', V]` log-probabilities with PAD/BOS removed and EOS forced where asked.
+
+    `forced_eos` is boolean `[B', 1]`: those rows keep only EOS (with its own
+    log-probability, so scores stay the model's).
+    """
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    ids = ops.arange(ops.shape(log_probs)[-1], dtype="int32")[None, :]
+    never = ops.logical_or(ops.equal(ids, pad_id), ops.equal(ids, bos_id))
+    not_eos = ops.not_equal(ids, eos_id)
+    banned = ops.logical_or(never, ops.logical_and(forced_eos, not_eos))
+    return ops.where(banned, _NEG_INF, log_probs)
+
+
+def _sentence_limits(sentence_max_lengths, batch_size, max_length):
+    """int32 `[B]` per-sentence limits, each in [1, max_length]."""
+    if sentence_max_lengths is None:
+        return ops.full((batch_size,), max_length, dtype="int32")
+    limits = ops.minimum(ops.cast(sentence_max_lengths, "int32"), max_length)
+    return ops.maximum(limits, 1)
+
+
+def _write_column(sequences, index, values, positions):
+    """Writes `values` at column `index` of the last axis (positions = arange(L))."""
+    return ops.where(ops.equal(positions, index), values, sequences)
+
+
+# ---------------------------------------------------------------------- greedy
+def greedy_search(
+    step_fn,
+    state,
+    batch_size,
+    max_length,
+    *,
+    sentence_max_lengths=None,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    pad_id=PAD_ID,
+):
+    """Greedy search: the most probable next token at every step, until EOS.
+
+    Feeds BOS at index 0, then each chosen token at the next index, until every
+    sentence has produced EOS or reached its limit (where EOS is forced). Finished
+    sentences are padded with 0. See the module docstring for the conventions.
+
+    Args:
+        step_fn: `step_fn(token_ids int32 [B, 1], index int32 scalar, state) ->
+            (logits [B, V], new_state)`; `index` is the position of `token_ids`
+            (BOS is position 0), and `new_state` has the structure and shapes of `state`.
+        state: nested structure (tuple/dict) of tensors, e.g. the decoder caches.
+        batch_size: int or int scalar tensor, B.
+        max_length: int (or int scalar tensor in a TF graph), L: width of the output and
+            the most steps taken.
+        sentence_max_lengths: optional int `[B]`, each sentence's limit (capped at L).
+        bos_id, eos_id, pad_id: special ids; default to `special_tokens`.
+
+    Returns:
+        `(tokens int32 [B, L], scores float32 [B])`, scores being summed log-probabilities.
+
+    Example:
+    >>> logits = keras.ops.log(keras.ops.array([[.1, .1, .1, .5, .2]]))  # EOS likeliest
+    >>> step_fn = lambda ids, index, state: (keras.ops.tile(logits, (1, 1)), state)
+    >>> tokens, scores = greedy_search(step_fn, (), 1, 3)
+    >>> tokens  # [[EOS, 0, 0]], score log(0.5)
+    """
+    positions = ops.arange(max_length, dtype="int32")[None, :]
+    limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
+    loop_vars = (
+        ops.convert_to_tensor(0, "int32"),  # index of the token fed next
+        ops.full((batch_size, 1), bos_id, dtype="int32"),  # token fed next
+        ops.zeros((batch_size, max_length), "int32"),  # output tokens
+        ops.zeros((batch_size,), "float32"),  # summed log-probabilities
+        ops.zeros((batch_size,), "bool"),  # produced EOS
+        state,
+    )
+
+    def cond(index, last, tokens, scores, finished, state):
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(finished)))
+
+    def body(index, last, tokens, scores, finished, state):
+        logits, state = step_fn(last, index, state)
+        forced_eos = ops.greater_equal(index, limits - 1)[:, None]
+        log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id)
+        next_ids = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+        next_log_probs = ops.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
+        next_ids = ops.where(finished, ops.cast(pad_id, "int32"), next_ids)
+        scores = scores + ops.where(finished, 0.0, next_log_probs)
+        tokens = _write_column(tokens, index, next_ids[:, None], positions)
+        finished = ops.logical_or(finished, ops.equal(next_ids, eos_id))
+        return index + 1, next_ids[:, None], tokens, scores, finished, state
+
+    outputs = ops.while_loop(cond, body, loop_vars)
+    return outputs[2], outputs[3]
+
+
+# ------------------------------------------------------------------------ beam
+def tile_beams(structure, beam_size):
+    """Repeats every tensor of a nested structure `beam_size` times along axis 0.
+
+    `[B, ...]` becomes `[B * beam_size, ...]`, sentence-major (row `b * beam_size + k`
+    is beam `k` of sentence `b`), the layout `beam_search` uses for its state.
+
+    Example:
+    >>> tile_beams({"x": keras.ops.array([[1], [2]])}, 2)["x"]  # [[1], [1], [2], [2]]
+    """
+    return tree.map_structure(lambda x: ops.repeat(x, beam_size, axis=0), structure)
+
+
+def _gather_beams(x, beam_indices, beam_size):
+    """Picks beams of `x [B * K, ...]` by `beam_indices [B, M]`: returns `[B, M, ...]`."""
+    batch = ops.shape(beam_indices)[0]
+    offsets = ops.arange(batch, dtype="int32")[:, None] * beam_size
+    return ops.take(x, ops.cast(beam_indices, "int32") + offsets, axis=0)
+
+
+def _flatten_beams(x):
+    """`[B, K, ...]` -> `[B * K, ...]`."""
+    return ops.reshape(x, (-1,) + tuple(ops.shape(x)[2:]))
+
+
+def _check_beam_arguments(beam_size, alpha):
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size <= 0:
+        raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
+        raise ValueError(f"`alpha` must be a number >= 0. Received: alpha={alpha!r}")
+
+
+def beam_search(
+    step_fn,
+    state,
+    batch_size,
+    max_length,
+    *,
+    beam_size=DEFAULT_BEAM_SIZE,
+    alpha=DEFAULT_ALPHA,
+    sentence_max_lengths=None,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    pad_id=PAD_ID,
+    return_all_beams=False,
+):
+    """Beam search with the GNMT length penalty (Wu et al., 2016; Vaswani et al., 2017, 6.1).
+
+    The tensor2tensor formulation: each sentence keeps `beam_size` alive hypotheses
+    (ranked by log-probability) and, separately, the `beam_size` best finished ones
+    (ranked by `log_prob / length_penalty(len, alpha)`). At each step the `2 * beam_size`
+    best extensions of the alive beams are taken, so that `beam_size` of them survive
+    even if the others end with EOS; those ending with EOS compete for the finished set,
+    the others for the alive set. A sentence stops when its limit is reached (EOS is
+    forced at its last position) or when no alive beam can still beat its worst finished
+    hypothesis (log-probabilities only fall and the penalty only grows with length, for
+    alpha >= 0, so `alive_log_prob / length_penalty(limit)` bounds its future scores).
+    Later steps leave a stopped sentence's results unchanged, so a sentence decodes in a
+    batch exactly as alone. With `alpha = 0` and `beam_size = 1` this is greedy search;
+    with `alpha > 0` a beam of 1 may keep going past an EOS that greedy would take.
+
+    `state` is tiled to `[B * beam_size, ...]` (`tile_beams`) and re-gathered by each
+    surviving beam's origin after every step.
+
+    Args:
+        step_fn: `step_fn(token_ids int32 [B*K, 1], index int32 scalar, state) ->
+            (logits [B*K, V], new_state)`, as for `greedy_search`.
+        state: nested structure of `[B, ...]` tensors.
+        batch_size: int or int scalar tensor, B.
+        max_length: int (or int scalar tensor in a TF graph), L.
+        beam_size: int, K. Defaults to 4 (6.1).
+        alpha: float >= 0, length penalty exponent. Defaults to 0.6 (6.1).
+        sentence_max_lengths: optional int `[B]`, each sentence's limit (capped at L).
+        bos_id, eos_id, pad_id: special ids; default to `special_tokens`.
+        return_all_beams: bool. Return all K finished hypotheses, best first, instead of
+            the best one. Slots no hypothesis reached have score -inf and tokens 0.
+
+    Returns:
+        `(tokens int32 [B, L], scores float32 [B])`, or `[B, K, L]` and `[B, K]` with
+        `return_all_beams`.
+
+    Example:
+    >>> tokens, scores = beam_search(step_fn, caches, batch_size=2, max_length=20)
+    """
+    _check_beam_arguments(beam_size, alpha)
+    k = beam_size
+    positions = ops.arange(max_length, dtype="int32")[None, None, :]
+    limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
+    limits_per_beam = ops.repeat(limits, k, axis=0)[:, None]  # [B*K, 1]
+    # Only beam 0 starts alive, so the first step does not pick K copies of one token.
+    first_beam_only = ops.where(ops.equal(ops.arange(k), 0), 0.0, _NEG_INF)[None, :]
+    loop_vars = (
+        ops.convert_to_tensor(0, "int32"),  # index of the tokens fed next
+        ops.full((batch_size * k, 1), bos_id, dtype="int32"),  # tokens fed next
+        ops.zeros((batch_size, k, max_length), "int32"),  # alive sequences
+        ops.zeros((batch_size, k), "float32") + first_beam_only,  # alive log-probs
+        ops.zeros((batch_size, k, max_length), "int32"),  # finished sequences
+        ops.full((batch_size, k), _NEG_INF, dtype="float32"),  # finished scores
+        ops.zeros((batch_size,), "bool"),  # sentence stopped
+        tile_beams(state, k),
+    )
+
+    def cond(index, last, alive_seq, alive_log_probs, finished_seq, finished_scores, done, state):
+        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(done)))
+
+    def body(index, last, alive_seq, alive_log_probs, finished_seq, finished_scores, done, state):
+        logits, state = step_fn(last, index, state)
+        forced_eos = ops.greater_equal(index, limits_per_beam - 1)
+        log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id)
+        vocab = ops.shape(log_probs)[-1]
+        # [B, K, V] -> [B, K * V]: every extension of every alive beam of a sentence.
+        candidates = alive_log_probs[:, :, None] + ops.reshape(log_probs, (-1, k, vocab))
+        candidates = ops.reshape(candidates, (-1, k * vocab))
+        top_log_probs, top_ids = ops.top_k(candidates, k=2 * k)
+        top_ids = ops.cast(top_ids, "int32")
+        origins = top_ids // vocab  # [B, 2K]
+        top_tokens = top_ids - origins * vocab
+        top_seq = _gather_beams(_flatten_beams(alive_seq), origins, k)
+        top_seq = _write_column(top_seq, index, top_tokens[:, :, None], positions)
+        ends = ops.equal(top_tokens, eos_id)
+
+        # Alive: the K most probable extensions that did not end.
+        alive_log_probs, picked = ops.top_k(ops.where(ends, _NEG_INF, top_log_probs), k=k)
+        picked = ops.cast(picked, "int32")
+        alive_seq = _gather_beams(_flatten_beams(top_seq), picked, 2 * k)
+        alive_tokens = ops.take_along_axis(top_tokens, picked, axis=1)
+        alive_origins = ops.take_along_axis(origins, picked, axis=1)
+        flat_origins = ops.reshape(
+            alive_origins + ops.arange(ops.shape(alive_origins)[0], dtype="int32")[:, None] * k,
+            (-1,),
+        )
+        state = tree.map_structure(lambda x: ops.take(x, flat_origins, axis=0), state)
+
+        # Finished: the K best length-penalised hypotheses so far (old ones first, so
+        # that a tie keeps the earlier, shorter one).
+        new_scores = ops.where(ends, top_log_probs / length_penalty(index + 1, alpha), _NEG_INF)
+        all_scores = ops.concatenate([finished_scores, new_scores], axis=1)
+        all_seq = ops.concatenate([finished_seq, top_seq], axis=1)
+        best_scores, best = ops.top_k(all_scores, k=k)
+        best_seq = _gather_beams(_flatten_beams(all_seq), ops.cast(best, "int32"), 3 * k)
+        finished_scores = ops.where(done[:, None], finished_scores, best_scores)
+        finished_seq = ops.where(done[:, None, None], finished_seq, best_seq)
+
+        best_alive_bound = alive_log_probs[:, 0] / length_penalty(limits, alpha)
+        hopeless = ops.less(best_alive_bound, finished_scores[:, -1])
+        done = ops.logical_or(done, ops.logical_or(ops.greater_equal(index + 1, limits), hopeless))
+        return (
+            index + 1,
+            ops.reshape(alive_tokens, (-1, 1)),
+            alive_seq,
+            alive_log_probs,
+            finished_seq,
+            finished_scores,
+            done,
+            state,
+        )
+
+    outputs = ops.while_loop(cond, body, loop_vars)
+    finished_seq, finished_scores = outputs[4], outputs[5]
+    reached = ops.greater(finished_scores, _NEG_INF)
+    finished_seq = ops.where(reached[:, :, None], finished_seq, 0)
+    if return_all_beams:
+        return finished_seq, finished_scores
+    return finished_seq[:, 0], finished_scores[:, 0]
+
+
+# ------------------------------------------------------------- model wrappers
+def decode_lengths(model, encoder_inputs, max_length=None, max_extra=None):
+    """The output width L and the per-sentence limits `[B]` for decoding `encoder_inputs`.
+
+    Without `max_length`: a sentence may produce its real (non-pad) source length +
+    `max_extra` tokens (default `config.max_decode_extra`, 50 in the paper, 6.1), and L
+    is the padded source length + `max_extra`; both are capped at
+    `config.max_length - 1` (BOS takes one of the model's positions). With `max_length`,
+    every sentence's limit and L are `max_length`.
+
+    Returns:
+        `(width, limits)`: a Python int (a scalar tensor when the source length is
+        dynamic, inside a TF graph) and int32 `[B]`.
+    """
+    config = model.config
+    cap = config.max_length - 1
+    if max_length is not None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= cap:
+            raise ValueError(
+                f"`max_length` must be an integer in [1, {cap}] (the model's max_length "
+                f"{config.max_length} minus one position for BOS). Received: max_length={max_length!r}"
+            )
+        return max_length, ops.full((ops.shape(encoder_inputs)[0],), max_length, dtype="int32")
+    extra = config.max_decode_extra if max_extra is None else max_extra
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+        raise ValueError(f"`max_extra` must be an integer >= 0. Received: max_extra={extra!r}")
+    source_length = ops.shape(encoder_inputs)[1]
+    if isinstance(source_length, int):
+        width = max(1, min(source_length + extra, cap))
+    else:  # dynamic in a TF graph: stays a tensor that XLA resolves from the input shape
+        width = ops.maximum(ops.minimum(source_length + extra, cap), 1)
+    real_lengths = ops.sum(ops.cast(ops.not_equal(encoder_inputs, PAD_ID), "int32"), axis=1)
+    limits = ops.clip(real_lengths + extra, 1, cap)
+    return width, limits
+
+
+def _check_encoder_inputs(encoder_inputs):
+    encoder_inputs = ops.convert_to_tensor(encoder_inputs)
+    if len(encoder_inputs.shape) != 2:
+        raise ValueError(
+            "`encoder_inputs` must be token ids of shape [batch, source_length]. "
+            f"Received: shape={tuple(encoder_inputs.shape)}"
+        )
+    if "int" not in str(encoder_inputs.dtype):
+        raise ValueError(
+            f"`encoder_inputs` must be integer token ids. Received: dtype={encoder_inputs.dtype}"
+        )
+    return ops.cast(encoder_inputs, "int32")
+
+
+def _cached_step_fn(model, cross_caches, encoder_padding_mask):
+    def step_fn(token_ids, index, self_caches):
+        return model.decode_step(token_ids, index, self_caches, cross_caches, encoder_padding_mask)
+
+    return step_fn
+
+
+def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=None):
+    """Greedy decoding of a `Transformer` through its key/value cache.
+
+    Runs the encoder once, then `model.decode_step` one token at a time
+    (`greedy_search`). Lengths follow `decode_lengths`.
+
+    Args:
+        model: a `keras_transformer.Transformer`.
+        encoder_inputs: int `[B, S]` source ids, padded with 0.
+        max_length: optional int, a fixed limit for every sentence instead of the
+            paper's source length + `max_extra`.
+        max_extra: optional int, defaults to `model.config.max_decode_extra` (50).
+
+    Returns:
+        `(tokens int32 [B, L], scores float32 [B])`: tokens end with EOS, then 0;
+        scores are summed log-probabilities.
+
+    Example:
+    >>> tokens, scores = greedy_decode(model, keras.ops.array([[5, 6, 7, 0]]))
+    """
+    encoder_inputs = _check_encoder_inputs(encoder_inputs)
+    width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
+    encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
+    self_caches, cross_caches = model.initial_cache(encoder_outputs, width)
+    return greedy_search(
+        _cached_step_fn(model, cross_caches, encoder_padding_mask),
+        self_caches,
+        ops.shape(encoder_inputs)[0],
+        width,
+        sentence_max_lengths=limits,
+    )
+
+
+def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=None):
+    """Greedy decoding that reruns the whole decoder over the prefix at every step.
+
+    The reference for `greedy_decode` (same arguments and results) and the no-cache
+    baseline of the benchmarks: the encoder runs once, but each step decodes the full
+    `[B, L]` buffer teacher-forced (`model.decode`; the causal mask hides what follows
+    the step) and keeps the logits at the step's position.
+    """
+    encoder_inputs = _check_encoder_inputs(encoder_inputs)
+    width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
+    encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
+    batch = ops.shape(encoder_inputs)[0]
+    positions = ops.arange(width, dtype="int32")[None, :]
+
+    def step_fn(token_ids, index, prefix):
+        prefix = _write_column(prefix, index, token_ids, positions)
+        logits = model.decode(prefix, encoder_outputs, encoder_padding_mask)
+        return ops.take(logits, index, axis=1), prefix
+
+    return greedy_search(
+        step_fn,
+        ops.zeros((batch, width), "int32"),
+        batch,
+        width,
+        sentence_max_lengths=limits,
+    )
+
+
+def beam_decode(
+    model,
+    encoder_inputs,
+    beam_size=None,
+    alpha=None,
+    max_length=None,
+    *,
+    max_extra=None,
+    return_all_beams=False,
+):
+    """Beam search decoding of a `Transformer` through its key/value cache (6.1).
+
+    Runs the encoder once, projects its output once per decoder layer for
+    cross-attention, tiles both to the beams, and calls `beam_search` with
+    `model.decode_step`; the self-attention caches are the search state, re-gathered by
+    beam origin each step. Lengths follow `decode_lengths`.
+
+    Args:
+        model: a `keras_transformer.Transformer`.
+        encoder_inputs: int `[B, S]` source ids, padded with 0.
+        beam_size: int, defaults to `model.config.beam_size` (4).
+        alpha: float, defaults to `model.config.length_penalty` (0.6).
+        max_length: optional int, a fixed limit for every sentence.
+        max_extra: optional int, defaults to `model.config.max_decode_extra` (50).
+        return_all_beams: bool, return all `beam_size` hypotheses, best first.
+
+    Returns:
+        `(tokens int32 [B, L], scores float32 [B])` (or `[B, K, L]`, `[B, K]`); scores
+        are log-probabilities divided by `((5 + len) / 6) ** alpha`.
+
+    Example:
+    >>> tokens, scores = beam_decode(model, keras.ops.array([[5, 6, 7, 0]]))
+    """
+    config = model.config
+    beam_size = config.beam_size if beam_size is None else beam_size
+    alpha = config.length_penalty if alpha is None else alpha
+    _check_beam_arguments(beam_size, alpha)
+    encoder_inputs = _check_encoder_inputs(encoder_inputs)
+    width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
+    encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
+    self_caches, cross_caches = model.initial_cache(encoder_outputs, width)
+    step_fn = _cached_step_fn(
+        model, tile_beams(cross_caches, beam_size), tile_beams(encoder_padding_mask, beam_size)
+    )
+    return beam_search(
+        step_fn,
+        self_caches,
+        ops.shape(encoder_inputs)[0],
+        width,
+        beam_size=beam_size,
+        alpha=alpha,
+        sentence_max_lengths=limits,
+        return_all_beams=return_all_beams,
+    )
+
+
+__all__ = [
+    "DEFAULT_BEAM_SIZE",
+    "DEFAULT_ALPHA",
+    "length_penalty",
+    "greedy_search",
+    "beam_search",
+    "tile_beams",
+    "decode_lengths",
+    "greedy_decode",
+    "greedy_decode_uncached",
+    "beam_decode",
+]

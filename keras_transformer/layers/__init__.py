@@ -1,0 +1,27 @@
+"""Backend-agnostic Transformer layers (keras and keras.ops only)."""
+
+from keras_transformer.layers import masks
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.decoder import DecoderBlock
+from keras_transformer.layers.embedding import (
+    LearnedPositionEmbedding,
+    SinusoidalPositionEncoding,
+    TokenEmbedding,
+    sinusoidal_table,
+)
+from keras_transformer.layers.encoder import EncoderBlock
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.residual import ResidualBlock
+
+__all__ = [
+    "masks",
+    "MultiHeadAttention",
+    "PositionwiseFeedForward",
+    "TokenEmbedding",
+    "SinusoidalPositionEncoding",
+    "LearnedPositionEmbedding",
+    "sinusoidal_table",
+    "ResidualBlock",
+    "EncoderBlock",
+    "DecoderBlock",
+]

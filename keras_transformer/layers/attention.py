@@ -1,0 +1,244 @@
+"""Multi-head scaled dot-product attention with an incremental-decoding cache."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers import masks as masks_lib
+from keras_transformer.layers.validation import check_positive_int, check_rate, clone_initializer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention of "Attention Is All You Need" (Vaswani et al., 2017, 3.2).
+
+    Computes `softmax(Q K^T / sqrt(d_k)) V` for `num_heads` heads of width `key_dim`,
+    concatenates the heads and projects them with `W^O`. Masks are boolean, True where a
+    query may attend a key, broadcastable to `[B, T, S]`; build them with
+    `keras_transformer.layers.masks`. A query row with no visible key returns zeros, never
+    NaN, whatever the dtype.
+
+    When no attention scores are requested and attention dropout is inactive, the layer
+    calls the fused `keras.ops.dot_product_attention`; otherwise it runs the explicit
+    softmax path. Both give the same numbers (the tests compare them with NumPy).
+
+    For incremental decoding, `cache` holds the keys and values of earlier steps as one
+    tensor `[B, 2, S_max, N, H]`. With `cache_update_index`, the keys and values of the
+    new query tokens are written into the cache at that index before attending (decoder
+    self-attention). Without it, the cache is used as it is and `key`/`value` are ignored
+    (cross-attention over an encoder output projected once).
+
+    Args:
+        num_heads: int. Number of heads `N` (the paper: 8 for base).
+        key_dim: int. Width `H` of each query/key head (the paper: d_model / N = 64).
+        value_dim: int, optional. Width of each value head. Defaults to `key_dim`.
+        dropout: float. Dropout on the attention probabilities. Defaults to 0.0: the
+            paper names residual and embedding dropout only.
+        use_bias: bool. Whether the projections have biases. Defaults to True.
+        output_dim: int, optional. Width of the output. Defaults to the query's width.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+
+    Call arguments:
+        query: `[B, T, D]` queries.
+        value: `[B, S, D]` values (and keys when `key` is None).
+        key: optional `[B, S, D]` keys.
+        attention_mask: optional boolean mask broadcastable to `[B, T, S]`.
+        cache: optional `[B, 2, S_max, N, H]` key/value cache.
+        cache_update_index: optional int scalar, where the new keys/values go.
+        return_attention_scores: bool, also return the `[B, N, T, S]` probabilities.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `output`, then `scores` if requested, then the (updated) `cache` if one was given.
+
+    Example:
+    >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = keras.random.normal((2, 5, 8))
+    >>> layer(x, x).shape
+    (2, 5, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        output_dim=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("key_dim", key_dim)
+        if value_dim is not None:
+            check_positive_int("value_dim", value_dim)
+        if output_dim is not None:
+            check_positive_int("output_dim", output_dim)
+        check_rate("dropout", dropout)
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim if value_dim is not None else key_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.output_dim = output_dim
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = False
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        self.query_dense = self._projection(self.num_heads * self.key_dim, "query")
+        self.query_dense.build(query_shape)
+        self.key_dense = self._projection(self.num_heads * self.key_dim, "key")
+        self.key_dense.build(key_shape)
+        self.value_dense = self._projection(self.num_heads * self.value_dim, "value")
+        self.value_dense.build(value_shape)
+        output_dim = self.output_dim if self.output_dim is not None else query_shape[-1]
+        self.output_dense = self._projection(output_dim, "attention_output")
+        self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def _projection(self, units, name):
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        key = value if key is None else key
+        # [B, T, N, H]
+        query_heads = self._split_heads(self.query_dense(query), self.key_dim)
+        if cache is not None and cache_update_index is None:
+            # Keys and values were projected once (cross-attention over the encoder).
+            key_heads, value_heads = cache[:, 0], cache[:, 1]
+        else:
+            # [B, S, N, H]
+            key_heads = self._split_heads(self.key_dense(key), self.key_dim)
+            value_heads = self._split_heads(self.value_dense(value), self.value_dim)
+            if cache is not None:
+                start = [0, cache_update_index, 0, 0]
+                key_heads = ops.slice_update(cache[:, 0], start, key_heads)
+                value_heads = ops.slice_update(cache[:, 1], start, value_heads)
+                cache = ops.stack([key_heads, value_heads], axis=1)
+
+        outputs, scores = self._compute_attention(
+            query_heads,
+            key_heads,
+            value_heads,
+            attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        # [B, T, N, H] -> [B, T, N * H] -> [B, T, D]
+        batch = ops.shape(outputs)[0]
+        outputs = ops.reshape(outputs, (batch, -1, self.num_heads * self.value_dim))
+        outputs = self.output_dense(outputs)
+
+        results = (outputs,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_cross_attention_cache(self, value, key=None):
+        """Projects encoder outputs once into a `[B, 2, S, N, H]` cache for decoding."""
+        key = value if key is None else key
+        key_heads = self._split_heads(self.key_dense(key), self.key_dim)
+        value_heads = self._split_heads(self.value_dense(value), self.value_dim)
+        return ops.stack([key_heads, value_heads], axis=1)
+
+    def _split_heads(self, x, head_dim):
+        # [B, T, N * H] -> [B, T, N, H]. -1 lets T stay dynamic on every backend.
+        batch = ops.shape(x)[0]
+        return ops.reshape(x, (batch, -1, self.num_heads, head_dim))
+
+    def _compute_attention(self, query, key, value, attention_mask, return_attention_scores, training):
+        """Attends `[B, T, N, H]` queries over `[B, S, N, H]` keys/values."""
+        scale = 1.0 / math.sqrt(self.key_dim)
+        visible_rows = None
+        if attention_mask is not None:
+            mask = ops.cast(attention_mask, "bool")
+            if len(mask.shape) == 2:  # [T, S]
+                mask = mask[None, :, :]
+            # [B, T, 1]: rows that see at least one key. Rows that see none attend
+            # everywhere (so no softmax over an empty set) and are zeroed afterwards.
+            visible_rows = masks_lib.any_key_visible(mask)
+            attention_mask = ops.logical_or(mask, ops.logical_not(visible_rows))
+
+        dropout_active = self.dropout > 0.0 and bool(training)
+        if not return_attention_scores and not dropout_active:
+            outputs = self._fused_attention(query, key, value, attention_mask, scale)
+            scores = None
+        else:
+            scores = ops.einsum("btnh,bsnh->bnts", query, key) * ops.cast(scale, query.dtype)
+            scores = self._masked_softmax(scores, attention_mask)
+            if visible_rows is not None:
+                scores = scores * ops.cast(visible_rows[:, None, :, :], scores.dtype)
+            probabilities = self.dropout_layer(scores, training=training)
+            outputs = ops.einsum("bnts,bsnh->btnh", probabilities, value)
+
+        if visible_rows is not None:
+            # [B, T, 1] -> [B, T, 1, 1] over [B, T, N, H].
+            outputs = outputs * ops.cast(visible_rows[:, :, :, None], outputs.dtype)
+        return outputs, scores
+
+    def _fused_attention(self, query, key, value, attention_mask, scale):
+        mask = None
+        if attention_mask is not None:
+            batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
+            key_length = ops.shape(key)[1]
+            # The fused op wants [B, N, T, S]; one head axis broadcasts over N.
+            mask = ops.broadcast_to(attention_mask[:, None, :, :], (batch, 1, query_length, key_length))
+        return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
+
+    def _masked_softmax(self, scores, attention_mask):
+        # Softmax in float32: float16 logits lose the small probabilities otherwise.
+        scores_32 = ops.cast(scores, "float32")
+        if attention_mask is not None:
+            lowest = ops.convert_to_tensor(float(-3.4e38), "float32")  # finite float32 minimum
+            scores_32 = ops.where(attention_mask[:, None, :, :], scores_32, lowest)
+        return ops.cast(ops.softmax(scores_32, axis=-1), scores.dtype)
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        output_dim = self.output_dim if self.output_dim is not None else query_shape[-1]
+        return tuple(query_shape[:-1]) + (output_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "output_dim": self.output_dim,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,213 @@
+"""Token embeddings (tied with the output projection) and position encodings."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.validation import check_positive_int, clone_initializer
+
+# Positions use wavelengths up to 10000 * 2 pi (Vaswani et al., 2017, 3.5).
+SINUSOID_BASE = 10000.0
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenEmbedding(keras.layers.Layer):
+    """Learned token embeddings multiplied by `sqrt(d_model)` (Vaswani et al., 2017, 3.4).
+
+    With `reverse=True` the layer maps hidden states back to vocabulary logits with the
+    same matrix, `logits = x E^T`: the paper shares one matrix between the source and
+    target embeddings and the pre-softmax projection. Logits are returned in float32
+    whatever the compute dtype, so softmax and loss stay accurate under mixed precision.
+
+    The default initializer, normal with stddev `d_model^-0.5`, makes the scaled
+    embeddings unit-variance (as tensor2tensor does) and keeps tied logits of order one.
+
+    Args:
+        vocab_size: int. Number of tokens.
+        d_model: int. Embedding width.
+        embeddings_initializer: initializer of the matrix. Defaults to
+            `RandomNormal(stddev=d_model**-0.5)`.
+        scale: bool. Multiply by `sqrt(d_model)`. Defaults to True (the paper).
+
+    Call arguments:
+        inputs: int ids `[B, T]`, or hidden states `[B, T, d_model]` with `reverse=True`.
+        reverse: bool. Project hidden states to logits `[B, T, vocab_size]`.
+
+    Example:
+    >>> emb = TokenEmbedding(vocab_size=32, d_model=8)
+    >>> x = emb(keras.ops.array([[4, 5, 0]]))
+    >>> emb(x, reverse=True).shape
+    (1, 3, 32)
+    """
+
+    def __init__(self, vocab_size, d_model, embeddings_initializer=None, scale=True, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("d_model", d_model)
+        if embeddings_initializer is None:
+            embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.scale = scale
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocab_size, self.d_model),
+            initializer=clone_initializer(self.embeddings_initializer),
+        )
+        self.built = True
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            kernel = ops.cast(self.embeddings, inputs.dtype)
+            logits = ops.matmul(inputs, ops.transpose(kernel))
+            return ops.cast(logits, "float32")
+        outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)
+        outputs = ops.cast(outputs, self.compute_dtype)
+        if self.scale:
+            outputs = outputs * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
+        return outputs
+
+    def compute_output_shape(self, inputs_shape, reverse=False):
+        if reverse:
+            return tuple(inputs_shape[:-1]) + (self.vocab_size,)
+        return tuple(inputs_shape) + (self.d_model,)
+
+    def compute_output_spec(self, inputs, reverse=False):
+        shape = self.compute_output_shape(inputs.shape, reverse=reverse)
+        dtype = "float32" if reverse else self.compute_dtype
+        return keras.KerasTensor(shape, dtype=dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "d_model": self.d_model,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "scale": self.scale,
+            }
+        )
+        return config
+
+
+def sinusoidal_table(positions, width, dtype="float32"):
+    """`PE(pos, 2i) = sin(pos / 10000^(2i/d))`, `PE(pos, 2i+1) = cos(...)` for `[T]` positions.
+
+    Interleaved as in the paper (sin on even channels, cos on odd), not the
+    concatenated [sin..., cos...] layout some libraries use.
+    """
+    positions = ops.cast(positions, "float32")[:, None]  # [T, 1]
+    pair_index = ops.arange(width, dtype="int32") // 2  # i of channel 2i and 2i+1
+    inverse_wavelength = ops.power(
+        SINUSOID_BASE, -2.0 * ops.cast(pair_index, "float32") / float(width)
+    )  # [D]
+    angles = positions * inverse_wavelength[None, :]  # [T, D]
+    is_even = ops.equal(ops.arange(width, dtype="int32") % 2, 0)
+    table = ops.where(is_even[None, :], ops.sin(angles), ops.cos(angles))
+    return ops.cast(table, dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SinusoidalPositionEncoding(keras.layers.Layer):
+    """The fixed sinusoidal position encoding of Vaswani et al., 2017, 3.5.
+
+    Returns the encoding for the positions of `inputs` (`[B, T, D]`), broadcast to the
+    inputs' shape, to be added to the scaled token embeddings. `start_index` shifts the
+    positions for incremental decoding, where one token at position `i` is fed at a time.
+    It has no weights; `max_length` is the longest sequence the model accepts.
+
+    Args:
+        max_length: int. Longest sequence, checked when the length is static.
+
+    Call arguments:
+        inputs: `[B, T, D]` embeddings.
+        start_index: int scalar, the position of the first token. Defaults to 0.
+
+    Example:
+    >>> pos = SinusoidalPositionEncoding(max_length=16)
+    >>> pos(keras.ops.zeros((1, 3, 4)))[0, 1, 0]  # sin(1)
+    """
+
+    def __init__(self, max_length, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("max_length", max_length)
+        self.max_length = max_length
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        _check_length(inputs, self.max_length)
+        length, width = ops.shape(inputs)[-2], inputs.shape[-1]
+        positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")
+        table = sinusoidal_table(positions, width, dtype=self.compute_dtype)
+        return ops.broadcast_to(table, ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"max_length": self.max_length})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LearnedPositionEmbedding(keras.layers.Layer):
+    """Learned position embeddings, the paper's alternative to sinusoids (Table 3, row E).
+
+    Returns the embeddings of the positions of `inputs`, broadcast to its shape. Unlike
+    sinusoids these cannot extrapolate beyond `max_length`.
+
+    Args:
+        max_length: int. Number of positions with an embedding.
+        initializer: initializer of the table. Defaults to "glorot_uniform".
+
+    Call arguments:
+        inputs: `[B, T, D]` embeddings.
+        start_index: int scalar, the position of the first token. Defaults to 0.
+    """
+
+    def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("max_length", max_length)
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, inputs_shape):
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings",
+            shape=(self.max_length, inputs_shape[-1]),
+            initializer=clone_initializer(self.initializer),
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        _check_length(inputs, self.max_length)
+        positions = ops.arange(ops.shape(inputs)[-2], dtype="int32") + ops.cast(start_index, "int32")
+        table = ops.take(self.position_embeddings, positions, axis=0)
+        return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_length": self.max_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config
+
+
+def _check_length(inputs, max_length):
+    length = inputs.shape[-2]
+    if length is not None and length > max_length:
+        raise ValueError(
+            f"Sequence length {length} exceeds max_length={max_length}. "
+            f"Received: inputs.shape={tuple(inputs.shape)}"
+        )

@@ -1,0 +1,137 @@
+"""The residual wiring shared by encoder and decoder blocks, written once."""
+
+import keras
+
+from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.validation import check_positive_int, check_rate, clone_initializer
+
+
+class ResidualBlock(keras.layers.Layer):
+    """Base of `EncoderBlock` and `DecoderBlock`: sub-layer connections and the FFN.
+
+    Each sub-layer is wrapped as in the paper (Vaswani et al., 2017, 5.4), post-norm:
+    `LayerNorm(x + Dropout(Sublayer(x)))`. With `norm_first=True` it is
+    `x + Dropout(Sublayer(LayerNorm(x)))` instead: a departure from the paper (Xiong et
+    al., 2020) that trains stably without warmup and needs a final LayerNorm after the
+    stack, which the model adds.
+
+    Args:
+        num_heads: int. Attention heads.
+        intermediate_dim: int. Inner width of the feed-forward network (d_ff).
+        dropout: float. Residual dropout, P_drop = 0.1 in the paper.
+        attention_dropout: float. Dropout on attention probabilities. Defaults to 0.0.
+        activation_dropout: float. Dropout inside the FFN. Defaults to 0.0.
+        activation: FFN activation. Defaults to "relu".
+        norm_first: bool. Pre-norm instead of the paper's post-norm. Defaults to False.
+        layer_norm_epsilon: float. Defaults to 1e-6 (tensor2tensor's value; the paper
+            does not give one).
+        kernel_initializer, bias_initializer: initializers of every projection.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("intermediate_dim", intermediate_dim)
+        check_rate("dropout", dropout)
+        check_rate("attention_dropout", attention_dropout)
+        check_rate("activation_dropout", activation_dropout)
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def _head_dim(self, hidden_dim):
+        if hidden_dim % self.num_heads != 0:
+            raise ValueError(
+                f"The hidden size must be divisible by `num_heads`. "
+                f"Received: hidden size={hidden_dim}, num_heads={self.num_heads}"
+            )
+        return hidden_dim // self.num_heads
+
+    def _build_norm(self, name, inputs_shape):
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+        norm.build(inputs_shape)
+        return norm
+
+    def _build_dropout(self, name):
+        return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
+
+    def _build_feed_forward(self, inputs_shape):
+        self.feed_forward = PositionwiseFeedForward(
+            hidden_dim=inputs_shape[-1],
+            intermediate_dim=self.intermediate_dim,
+            dropout=self.activation_dropout,
+            activation=self.activation,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name="feed_forward",
+        )
+        self.feed_forward.build(inputs_shape)
+        self.feed_forward_norm = self._build_norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_dropout = self._build_dropout("feed_forward_dropout")
+
+    def _sublayer(self, x, norm, dropout, sublayer, training):
+        """Applies `sublayer` inside the residual connection.
+
+        `sublayer` maps the (possibly normalized) input to `(output, extras)`; extras
+        (attention scores, caches) are passed through untouched.
+        """
+        inputs = norm(x) if self.norm_first else x
+        outputs, extras = sublayer(inputs)
+        x = x + dropout(outputs, training=training)
+        if not self.norm_first:
+            x = norm(x)
+        return x, extras
+
+    def _feed_forward_sublayer(self, x, training):
+        x, _ = self._sublayer(
+            x,
+            self.feed_forward_norm,
+            self.feed_forward_dropout,
+            lambda y: (self.feed_forward(y, training=training), None),
+            training,
+        )
+        return x
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

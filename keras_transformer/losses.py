@@ -1,0 +1,225 @@
+"""Cross-entropy over token ids with label smoothing, ignoring padding (Vaswani et al., 2017).
+
+The per-token helpers here are shared with `metrics.py`, so that the loss, masked
+accuracy and perplexity agree on which tokens count and how labels are read.
+"""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_transformer.special_tokens import PAD_ID
+
+# Vaswani et al. (2017), section 5.4: "we employed label smoothing of value eps_ls = 0.1".
+LABEL_SMOOTHING = 0.1
+
+
+def sparse_labels(y_true, logits):
+    """Integer labels shaped like `logits` without its class axis.
+
+    Accepts `[B, T]` or `[B, T, 1]` labels of any numeric dtype (Keras hands
+    `y_true` to losses as floats); returns `[B, T]` int32.
+
+    Args:
+        y_true: tensor of token ids, `[B, T]` or `[B, T, 1]`.
+        logits: tensor `[B, T, V]`.
+
+    Example:
+
+    ```python
+    sparse_labels(np.array([[[5.0], [0.0]]]), np.zeros((1, 2, 32)))  # [[5, 0]] int32
+    ```
+    """
+    y_true = ops.convert_to_tensor(y_true)
+    if len(y_true.shape) == len(logits.shape) and y_true.shape[-1] == 1:
+        y_true = ops.squeeze(y_true, axis=-1)
+    return ops.cast(y_true, "int32")
+
+
+def token_weights(labels, ignore_id=PAD_ID, sample_weight=None):
+    """Float32 weight of each token: 0 where `labels == ignore_id`, else the sample weight.
+
+    `sample_weight` may be per example (`[B]`), per token (`[B, T]`) or `[B, T, 1]`;
+    it is broadcast over the tokens of each example. Without it, real tokens weigh 1.
+
+    Args:
+        labels: int tensor `[B, T]` (see `sparse_labels`).
+        ignore_id: int or None, the label id to ignore. Defaults to `PAD_ID` (0);
+            None ignores nothing.
+        sample_weight: optional tensor, `[B]`, `[B, T]` or `[B, T, 1]`.
+
+    Example:
+
+    ```python
+    token_weights(np.array([[4, 7, 0]]))  # [[1., 1., 0.]]
+    ```
+    """
+    if ignore_id is None:
+        weights = ops.ones_like(labels, dtype="float32")
+    else:
+        weights = ops.cast(ops.not_equal(labels, ignore_id), "float32")
+    if sample_weight is None:
+        return weights
+    sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), "float32")
+    rank = len(labels.shape)
+    if len(sample_weight.shape) == rank + 1 and sample_weight.shape[-1] == 1:
+        sample_weight = ops.squeeze(sample_weight, axis=-1)
+    while len(sample_weight.shape) < rank:
+        sample_weight = ops.expand_dims(sample_weight, axis=-1)
+    return weights * sample_weight
+
+
+def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID):
+    """Per-token cross-entropy from logits, with uniform label smoothing, in float32.
+
+    The target distribution is `(1 - eps) * onehot(label) + eps / V` (the convention
+    of `keras.losses.CategoricalCrossentropy(label_smoothing=...)` and PyTorch's
+    `label_smoothing`), so each token's loss is
+    `-(1 - eps) * log_p[label] - eps * mean_over_vocab(log_p)`. The label term is
+    gathered with `take_along_axis` and the smoothing term is a mean, so no one-hot
+    `[B, T, V]` tensor is ever built. Logits are cast to float32 first, so float16 and
+    bfloat16 models get a float32 loss. Ignored positions hold exactly 0, whatever
+    their logits.
+
+    Args:
+        labels: int tensor `[B, T]` (see `sparse_labels`).
+        logits: float tensor `[B, T, V]`, unnormalised scores.
+        label_smoothing: float in [0, 1), `eps` above. Defaults to 0.0.
+        ignore_id: int or None, label id whose positions get loss 0. Defaults to
+            `PAD_ID` (0).
+
+    Returns:
+        float32 tensor `[B, T]`.
+
+    Example:
+
+    ```python
+    token_cross_entropy(np.array([[1, 0]]), np.zeros((1, 2, 4)))  # [[log 4, 0.]]
+    ```
+    """
+    labels = sparse_labels(labels, logits)
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    if ignore_id is None:
+        is_real = ops.ones_like(labels, dtype="bool")
+    else:
+        is_real = ops.not_equal(labels, ignore_id)
+    # The ignore id need not be a valid index (e.g. -100): gather class 0 there instead.
+    safe_labels = ops.where(is_real, labels, 0)
+    label_log_probs = ops.take_along_axis(
+        log_probs, ops.expand_dims(safe_labels, axis=-1), axis=-1
+    )
+    losses = -ops.squeeze(label_log_probs, axis=-1)
+    if label_smoothing:
+        smoothing = -ops.mean(log_probs, axis=-1)
+        losses = (1.0 - label_smoothing) * losses + label_smoothing * smoothing
+    # `where`, not a product, so inf/NaN logits at padding cannot leak into the loss.
+    return ops.where(is_real, losses, 0.0)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Sparse cross-entropy from logits with label smoothing, averaged over real tokens.
+
+    Each token's loss is `-(1 - eps) * log_p[label] - eps * mean_over_vocab(log_p)`
+    (see `token_cross_entropy`); no one-hot `[B, T, V]` tensor is built. Tokens whose
+    label is `ignore_id` (padding) are left out, and the batch loss is the sum of the
+    real tokens' losses divided by the number of real tokens (a token-level mean, not
+    Keras' mean over all `B * T` positions); a batch with no real token gives 0.
+    `sample_weight` (`[B]` or `[B, T]`) scales each token's loss but does not change
+    the divisor, as in Keras' own losses. Padding is read from the labels; a Keras mask
+    on the predictions is not used. Computed in float32 whatever the logits' dtype.
+    Under `tf.distribute`, the loss is divided by the number of replicas, as Keras'
+    built-in losses are, so that summing gradients across replicas averages them.
+    `call(y_true, y_pred)` returns the per-token losses `[B, T]` (0 at padding).
+
+    Args:
+        label_smoothing: float in [0, 1), `eps` above. Defaults to 0.1 (the paper).
+        ignore_id: int or None, label id that marks padding. Defaults to `PAD_ID` (0);
+            None averages over every position.
+        name: str, name of the loss. Defaults to "label_smoothed_cross_entropy".
+
+    Example:
+
+    ```python
+    model.compile(
+        optimizer=keras.optimizers.Adam(TransformerSchedule(512)),
+        loss=LabelSmoothedCrossEntropy(),  # labels [B, T] int, logits [B, T, V]
+    )
+    ```
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, section 5.4.
+        Szegedy et al., "Rethinking the Inception Architecture", CVPR 2016, section 7.
+    """
+
+    def __init__(
+        self,
+        label_smoothing=LABEL_SMOOTHING,
+        ignore_id=PAD_ID,
+        name="label_smoothed_cross_entropy",
+    ):
+        super().__init__(name=name)
+        if (
+            not isinstance(label_smoothing, numbers.Real)
+            or isinstance(label_smoothing, bool)
+            or not 0.0 <= label_smoothing < 1.0
+        ):
+            raise ValueError(
+                "`label_smoothing` must be a number in [0, 1). "
+                f"Received: label_smoothing={label_smoothing!r}"
+            )
+        check_ignore_id(ignore_id)
+        self.label_smoothing = float(label_smoothing)
+        self.ignore_id = None if ignore_id is None else int(ignore_id)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # Keras' reductions divide by B * T (or by the sum of weights); the paper's
+        # loss is a mean over real tokens, so the reduction is done here instead.
+        with keras.name_scope(self.name):
+            y_pred = ops.convert_to_tensor(y_pred)
+            labels = sparse_labels(y_true, y_pred)
+            losses = self.call(labels, y_pred)
+            weights = token_weights(labels, self.ignore_id, sample_weight)
+            num_real = ops.sum(token_weights(labels, self.ignore_id))
+            # max(., 1) rather than divide_no_nan: an all-padding batch sums to 0, so its
+            # loss is 0, and no 0/0 is computed even in a discarded `where` branch, whose
+            # gradient could be NaN.
+            loss = ops.sum(losses * weights) / ops.maximum(num_real, 1.0)
+            return _scale_loss_for_distribution(loss)
+
+    def call(self, y_true, y_pred):
+        return token_cross_entropy(
+            y_true, y_pred, self.label_smoothing, self.ignore_id
+        )
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "label_smoothing": self.label_smoothing,
+            "ignore_id": self.ignore_id,
+        }
+
+
+def _scale_loss_for_distribution(loss):
+    """Divide by the replica count under `tf.distribute`, as Keras' built-in reductions do.
+
+    Keras' TensorFlow trainer sums gradients across replicas and expects each replica's
+    loss to be pre-divided by their number; other backends need nothing. This reuses
+    Keras' own helper (not in its public API) so that no TensorFlow import is needed here.
+    """
+    # Imported here, so that a move of this private helper in a future Keras breaks
+    # the loss's call (caught by the tests), not `import keras_transformer`.
+    from keras.src.losses.loss import scale_loss_for_distribution as scale
+
+    return scale(loss)
+
+
+def check_ignore_id(ignore_id):
+    """Raise ValueError unless `ignore_id` is an integer or None (shared with metrics)."""
+    if ignore_id is not None and (
+        not isinstance(ignore_id, numbers.Integral) or isinstance(ignore_id, bool)
+    ):
+        raise ValueError(
+            f"`ignore_id` must be an integer or None. Received: ignore_id={ignore_id!r}"
+        )

@@ -1,0 +1,45 @@
+"""Shared fixtures. The same files run under each KERAS_BACKEND (see the Makefile)."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import keras_transformer as kt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_policy():
+    """Every test starts from the same seed and the float32 policy, and restores it."""
+    keras.utils.set_random_seed(1234)
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def tiny_config(**overrides):
+    """The tiny preset shrunk for tests: 1+1 layers, width 16, 2 heads, vocab 32, no dropout."""
+    values = dict(
+        vocab_size=32,
+        d_model=16,
+        d_ff=32,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dropout=0.0,
+        max_length=32,
+    )
+    values.update(overrides)
+    return kt.TransformerConfig.from_preset("tiny", **values)
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
