@@ -30,6 +30,7 @@ longest limit from the start), so they trace inside `tf.function` (XLA included)
 `jax.jit`; see `keras_transformer.compiled` for compiled callables.
 """
 
+import keras
 from keras import ops
 from keras import tree
 
@@ -209,14 +210,15 @@ def beam_search(
     (ranked by log-probability) and, separately, the `beam_size` best finished ones
     (ranked by `log_prob / length_penalty(len, alpha)`). At each step the `2 * beam_size`
     best extensions of the alive beams are taken, so that `beam_size` of them survive
-    even if the others end with EOS; those ending with EOS compete for the finished set,
-    the others for the alive set. A sentence stops when its limit is reached (EOS is
+    even if the others end with EOS: those that do not end fill the alive set, and those
+    ending with EOS within the `beam_size` best compete for the finished set. A sentence stops when its limit is reached (EOS is
     forced at its last position) or when no alive beam can still beat its worst finished
     hypothesis (log-probabilities only fall and the penalty only grows with length, for
     alpha >= 0, so `alive_log_prob / length_penalty(limit)` bounds its future scores).
     Later steps leave a stopped sentence's results unchanged, so a sentence decodes in a
     batch exactly as alone. With `alpha = 0` and `beam_size = 1` this is greedy search;
-    with `alpha > 0` a beam of 1 may keep going past an EOS that greedy would take.
+    with `alpha > 0` a beam of 1 keeps going past the EOS greedy takes while a longer
+    hypothesis could still score better, and returns the best scoring one.
 
     `state` is tiled to `[B * beam_size, ...]` (`tile_beams`) and re-gathered by each
     surviving beam's origin after every step.
@@ -244,6 +246,7 @@ def beam_search(
     _check_beam_arguments(beam_size, alpha)
     k = beam_size
     positions = ops.arange(max_length, dtype="int32")[None, None, :]
+    top_k_ranks = ops.less(ops.arange(2 * k), k)[None, :]  # [1, 2K]: within the K best
     limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
     limits_per_beam = ops.repeat(limits, k, axis=0)[:, None]  # [B*K, 1]
     # Only beam 0 starts alive, so the first step does not pick K copies of one token.
@@ -291,8 +294,12 @@ def beam_search(
         state = tree.map_structure(lambda x: ops.take(x, flat_origins, axis=0), state)
 
         # Finished: the K best length-penalised hypotheses so far (old ones first, so
-        # that a tie keeps the earlier, shorter one).
-        new_scores = ops.where(ends, top_log_probs / length_penalty(index + 1, alpha), _NEG_INF)
+        # that a tie keeps the earlier, shorter one). Candidates are the EOS extensions
+        # among the K best, those a beam of K keeps (as fairseq and Hugging Face do;
+        # tensor2tensor takes all 2K): so a beam of 1 with alpha = 0 is greedy search.
+        new_scores = ops.where(
+            ops.logical_and(ends, top_k_ranks), top_log_probs / length_penalty(index + 1, alpha), _NEG_INF
+        )
         all_scores = ops.concatenate([finished_scores, new_scores], axis=1)
         all_seq = ops.concatenate([finished_seq, top_seq], axis=1)
         best_scores, best = ops.top_k(all_scores, k=k)
@@ -366,10 +373,9 @@ def _check_encoder_inputs(encoder_inputs):
             "`encoder_inputs` must be token ids of shape [batch, source_length]. "
             f"Received: shape={tuple(encoder_inputs.shape)}"
         )
-    if "int" not in str(encoder_inputs.dtype):
-        raise ValueError(
-            f"`encoder_inputs` must be integer token ids. Received: dtype={encoder_inputs.dtype}"
-        )
+    dtype = keras.backend.standardize_dtype(encoder_inputs.dtype)
+    if "int" not in dtype:
+        raise ValueError(f"`encoder_inputs` must be integer token ids. Received: dtype={dtype}")
     return ops.cast(encoder_inputs, "int32")
 
 

@@ -66,7 +66,7 @@ class SubwordTokenizer(tf.Module):
 
     Example:
 
-    >>> tokenizer = train_tokenizer(["a cat sat", "a dog ran"] * 20, vocab_size=20)
+    >>> tokenizer = train_tokenizer(["a cat sat", "a dog ran"] * 20, vocab_size=16)
     >>> ids = tokenizer.encode(["a cat ran"])
     >>> tokenizer.decode(ids)
     ['a cat ran']
@@ -236,7 +236,7 @@ class _SharedModelResource(tf.saved_model.experimental.TrackableResource):
 
 
 class _SharedSentencepieceTokenizer(tensorflow_text.SentencepieceTokenizer):
-    """tf-text's tokenizer on a `_SharedModelResource`, so a seed reset can't break it."""
+    """tf-text's tokenizer on a `_SharedModelResource`: seed resets can't break it."""
 
     def __init__(self, model_proto):
         super().__init__(

@@ -282,11 +282,11 @@ def test_bad_arguments_are_refused(pairs, tokenizer):
         build(tokens_per_batch=20)
     with pytest.raises(ValueError, match=r"strictly increasing .* \[16, 8, 24\]"):
         build(bucket_boundaries=[16, 8, 24])
-    with pytest.raises(ValueError, match=r"last bucket boundary must be >= max_length=24"):
+    with pytest.raises(ValueError, match=r"boundary must be >= max_length=24"):
         build(bucket_boundaries=[8, 16])
     with pytest.raises(ValueError, match=r"Received: \('red',\) at index 1"):
         build(source=[("red", "rot"), ("red",)])
-    with pytest.raises(ValueError, match="scalar tf.string pairs. Received: element_spec"):
+    with pytest.raises(ValueError, match="tf.string pairs. Received: element_spec"):
         build(source=tf.data.Dataset.range(3))
     # Every target has 2+ tokens (one-word pairs all get "ja"), so none fits.
     with pytest.raises(ValueError, match="No pair fits max_length=2: all 200 pairs"):

@@ -92,7 +92,8 @@ def test_tf_tokenize_survives_a_seed_reset(sentences):
     before = fresh.tokenize(tf.constant(["red blue"])).to_list()
     tf.random.set_seed(7)
     assert fresh.tokenize(tf.constant(["red blue"])).to_list() == before
-    assert fresh.detokenize(tf.ragged.constant(before)).numpy().tolist() == [b"red blue"]
+    text = fresh.detokenize(tf.ragged.constant(before))
+    assert text.numpy().tolist() == [b"red blue"]
 
 
 def test_tf_detokenize_strips_bos_pad_and_what_follows_eos(tokenizer):
@@ -135,13 +136,13 @@ def test_bpe_model_type(sentences):
 
 
 def test_training_errors(sentences):
-    with pytest.raises(ValueError, match=r"vocab_size`=500 is more pieces.*at most \d+"):
+    with pytest.raises(ValueError, match=r"=500 is more pieces.*at most \d+"):
         train_tokenizer(sentences, 500)
     with pytest.raises(ValueError, match="`model_type` must be one of .* 'wordpiece'"):
         train_tokenizer(sentences, VOCAB_SIZE, model_type="wordpiece")
     with pytest.raises(ValueError, match=r"integer > 4 .* vocab_size=4"):
         train_tokenizer(sentences, 4)
-    with pytest.raises(TypeError, match=r"must be a str. Received: 7 \(type int\) at index 1"):
+    with pytest.raises(TypeError, match=r"Received: 7 \(type int\) at index 1"):
         train_tokenizer(["red", 7], VOCAB_SIZE)
     with pytest.raises(ValueError, match="`sentences` is empty"):
         train_tokenizer([], VOCAB_SIZE)
@@ -194,7 +195,7 @@ def test_load_refuses_other_special_ids(sentences, tmp_path):
     # sentencepiece's own defaults: unk=0, bos=1, eos=2, no pad.
     path = tmp_path / "defaults.model"
     path.write_bytes(_train_raw_model(sentences))
-    with pytest.raises(ValueError, match=r"defaults.model has pad_id=-1, .* expects pad_id=0"):
+    with pytest.raises(ValueError, match=r"defaults.model has pad_id=-1, .*pad_id=0"):
         SubwordTokenizer.load(path)
     other_piece = _train_raw_model(
         sentences, pad_id=0, unk_id=1, bos_id=2, eos_id=3, bos_piece="[BOS]"

@@ -221,8 +221,9 @@ def batch_by_token_budget(examples, bucket_boundaries, tokens_per_batch):
     )
 
 
-def count_lengths(tokenized, max_length, bucket_boundaries, tokens_per_batch,
-                  overlong="drop"):
+def count_lengths(
+    tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong="drop"
+):
     """Count, in one pass over the data, what the length limit and the buckets do.
 
     Args:
@@ -293,8 +294,11 @@ def make_dataset(
     makes one pass over the data to count the pairs dropped or truncated and the
     batches per epoch; the counts are returned and logged. With `cache=True` that
     pass also fills the in-memory cache of the tokenized pairs, so tokenization
-    happens once. Shuffling is seeded: the same seed gives the same batches in the
-    same order; each epoch (each new iteration) reshuffles, reproducibly.
+    happens once. Shuffling is seeded: the same seed (under the same TF global
+    seed, which `keras.utils.set_random_seed` sets) gives the same batches in the
+    same order; each epoch (each new iteration) reshuffles, reproducibly. The
+    dataset states its cardinality, `stats.num_batches`, so Keras knows the
+    length of an epoch.
 
     Args:
         pairs: list of `(source, target)` str pairs, or a `tf.data.Dataset` of
@@ -323,11 +327,14 @@ def make_dataset(
 
     Example:
 
+    >>> tokenizer = train_tokenizer(["ein Haus", "a house"] * 10, vocab_size=16)
     >>> batches, stats = make_dataset([("ein Haus", "a house")] * 4, tokenizer,
-    ...     max_length=8, tokens_per_batch=16)
+    ...     max_length=16, tokens_per_batch=32)
     >>> inputs, labels = next(iter(batches))
-    >>> inputs["encoder_inputs"].shape
-    TensorShape([2, 8])
+    >>> inputs["encoder_inputs"].shape  # 8 tokens + EOS: the bucket of 16
+    TensorShape([2, 16])
+    >>> stats.num_batches
+    2
     """
     if max_length is None or not _is_int(max_length) or max_length < 2:
         raise ValueError(

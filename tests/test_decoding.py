@@ -1,0 +1,323 @@
+"""Greedy and beam search: hand-built next-token tables, and the tiny model through its cache.
+
+Table tests drive `greedy_search` / `beam_search` with a step function whose next-token
+probabilities depend on the previous token only, so every expected score is a product
+of table entries written out below, and an exhaustive enumeration confirms it is the best.
+Model tests check the cached decoder against full recomputation and rescoring with the
+teacher-forced model. Decoding is eager except in the two compilation tests (each
+distinct shape costs an XLA compile on TensorFlow and JAX).
+"""
+
+import itertools
+import math
+
+import keras
+import numpy as np
+import pytest
+from conftest import tiny_config, to_numpy
+from keras import ops
+
+import keras_transformer as kt
+from keras_transformer import decoding
+from keras_transformer.compiled import CompiledDecoder
+from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+UNK, A, B = 1, 4, 5  # token ids of the 6-token table vocabulary: PAD UNK BOS EOS A B
+VOCAB = 6
+
+
+def table_step_fn(rows):
+    """A step function whose next-token probabilities are `rows[previous token]`."""
+    probs = np.full((VOCAB, VOCAB), 1.0 / 4)  # rows not given: uniform over UNK EOS A B
+    probs[:, [PAD_ID, BOS_ID]] = 0.0
+    for previous, row in rows.items():
+        probs[previous] = 0.0
+        for token, p in row.items():
+            probs[previous, token] = p
+    assert np.allclose(probs.sum(axis=1), 1.0)
+    # log(0) would be -inf; 1e-30 keeps logits finite and changes nothing at float32.
+    logits = ops.convert_to_tensor(np.log(np.maximum(probs, 1e-30)), "float32")
+
+    def step_fn(token_ids, index, state):
+        return ops.take(logits, token_ids[:, 0], axis=0), state
+
+    return step_fn, probs
+
+
+def enumerate_best(probs, alpha, limit):
+    """Exhaustive search: the EOS-ended sequence of <= limit tokens with the best score."""
+    best = (-math.inf, None)
+    for length in range(1, limit + 1):
+        for body in itertools.product((UNK, A, B), repeat=length - 1):
+            sequence = list(body) + [EOS_ID]
+            previous, log_prob = BOS_ID, 0.0
+            for token in sequence:
+                log_prob += math.log(probs[previous, token])
+                previous = token
+            score = log_prob / ((5 + length) / 6) ** alpha
+            best = max(best, (score, sequence))
+    return best
+
+
+def padded(sequence, width):
+    return list(sequence) + [0] * (width - len(sequence))
+
+
+# A -> EOS is the greedy path (0.5 * 0.35); B -> EOS is better (0.4 * 0.9).
+GREEDY_TRAP = {
+    BOS_ID: {UNK: 0.05, EOS_ID: 0.05, A: 0.5, B: 0.4},
+    A: {UNK: 0.05, EOS_ID: 0.35, A: 0.3, B: 0.3},
+    B: {UNK: 0.05, EOS_ID: 0.9, A: 0.025, B: 0.025},
+}
+# Short [EOS] (0.5) against long [A, B, EOS] (0.45 * 0.9 * 0.9 = 0.3645).
+SHORT_OR_LONG = {
+    BOS_ID: {UNK: 0.025, EOS_ID: 0.5, A: 0.45, B: 0.025},
+    A: {UNK: 0.025, EOS_ID: 0.05, A: 0.025, B: 0.9},
+    B: {UNK: 0.025, EOS_ID: 0.9, A: 0.05, B: 0.025},
+}
+# EOS is always unlikely, so sentences end where their limit forces it.
+NEVER_ENDS = {token: {UNK: 0.04, EOS_ID: 0.01, A: 0.9, B: 0.05} for token in (BOS_ID, UNK, A, B)}
+
+
+def test_length_penalty_is_gnmt_formula():
+    assert float(decoding.length_penalty(7, 0.6)) == pytest.approx((12 / 6) ** 0.6)
+    assert float(decoding.length_penalty(3, 0.0)) == 1.0
+    assert decoding.DEFAULT_BEAM_SIZE == 4 and decoding.DEFAULT_ALPHA == 0.6
+
+
+def test_beam_finds_the_better_sequence_greedy_misses():
+    step_fn, probs = table_step_fn(GREEDY_TRAP)
+    tokens, scores = decoding.greedy_search(step_fn, (), 1, 4)
+    assert to_numpy(tokens).tolist() == [padded([A, EOS_ID], 4)]
+    assert to_numpy(scores)[0] == pytest.approx(math.log(0.5 * 0.35), abs=1e-5)
+
+    tokens, scores = decoding.beam_search(step_fn, (), 1, 4, beam_size=2, alpha=0.6)
+    expected_score = math.log(0.4 * 0.9) / ((5 + 2) / 6) ** 0.6
+    assert to_numpy(tokens).tolist() == [padded([B, EOS_ID], 4)]
+    assert to_numpy(scores)[0] == pytest.approx(expected_score, abs=1e-5)
+    assert enumerate_best(probs, 0.6, 4) == (pytest.approx(expected_score), [B, EOS_ID])
+
+
+def test_alpha_decides_between_short_and_long_hypotheses():
+    step_fn, probs = table_step_fn(SHORT_OR_LONG)
+    short_score = math.log(0.5)  # length penalty of length 1 is 1 for every alpha
+    long_log_prob = math.log(0.45 * 0.9 * 0.9)
+
+    tokens, scores = decoding.beam_search(step_fn, (), 1, 5, beam_size=2, alpha=0.0)
+    assert to_numpy(tokens).tolist() == [padded([EOS_ID], 5)]
+    assert to_numpy(scores)[0] == pytest.approx(short_score, abs=1e-5)
+    assert enumerate_best(probs, 0.0, 5)[1] == [EOS_ID]
+
+    tokens, scores = decoding.beam_search(
+        step_fn, (), 1, 5, beam_size=2, alpha=2.0, return_all_beams=True
+    )
+    long_score = long_log_prob / (8 / 6) ** 2.0  # -0.568 beats -0.693
+    assert to_numpy(tokens).tolist() == [[padded([A, B, EOS_ID], 5), padded([EOS_ID], 5)]]
+    np.testing.assert_allclose(to_numpy(scores), [[long_score, short_score]], atol=1e-5)
+    assert enumerate_best(probs, 2.0, 5)[1] == [A, B, EOS_ID]
+
+
+def test_each_sentence_stops_at_its_own_limit_with_eos_then_zeros():
+    step_fn, probs = table_step_fn(NEVER_ENDS)
+    limits = ops.convert_to_tensor([2, 4], "int32")
+    tokens, scores = decoding.greedy_search(step_fn, (), 2, 5, sentence_max_lengths=limits)
+    assert to_numpy(tokens).tolist() == [padded([A, EOS_ID], 5), padded([A, A, A, EOS_ID], 5)]
+    np.testing.assert_allclose(
+        to_numpy(scores), [math.log(0.9 * 0.01), math.log(0.9**3 * 0.01)], atol=1e-5
+    )
+
+    tokens, scores = decoding.beam_search(
+        step_fn, (), 2, 5, beam_size=2, alpha=0.6, sentence_max_lengths=limits
+    )
+    assert to_numpy(tokens).tolist() == [padded([A, EOS_ID], 5), padded([A, A, A, EOS_ID], 5)]
+    expected = [
+        math.log(0.9 * 0.01) / (7 / 6) ** 0.6,
+        math.log(0.9**3 * 0.01) / (9 / 6) ** 0.6,
+    ]
+    np.testing.assert_allclose(to_numpy(scores), expected, atol=1e-5)
+    assert [enumerate_best(probs, 0.6, n)[1] for n in (2, 4)] == [[A, EOS_ID], [A, A, A, EOS_ID]]
+
+
+# ------------------------------------------------------------------ the model
+EXTRA = 2  # max_decode_extra: limits of source length + 2 keep every decode short
+SOURCES = np.array([[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 12, 13]], "int32")
+LIMITS = [3 + EXTRA, 6 + EXTRA]
+
+
+@pytest.fixture(scope="module")
+def decoded():
+    """One tiny model and its greedy and beam decodes of SOURCES, shared by the tests."""
+    keras.utils.set_random_seed(7)
+    model = kt.build_transformer(tiny_config(max_decode_extra=EXTRA))
+    greedy = [to_numpy(x) for x in decoding.greedy_decode(model, SOURCES)]
+    beams = [
+        to_numpy(x)
+        for x in decoding.beam_decode(model, SOURCES, beam_size=3, alpha=0.6, return_all_beams=True)
+    ]
+    return model, greedy, beams
+
+
+def log_softmax(logits):
+    shifted = logits.astype("float64") - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def reference_greedy(model, sources, limits, width):
+    """Greedy decoding by calling the full teacher-forced model on the whole prefix."""
+    prefix = np.zeros((len(sources), width), "int32")
+    prefix[:, 0] = BOS_ID
+    tokens = np.zeros_like(prefix)
+    finished = np.zeros(len(sources), bool)
+    for i in range(width):
+        logits = to_numpy(model({"encoder_inputs": sources, "decoder_inputs": prefix}))[:, i]
+        log_probs = log_softmax(logits)
+        log_probs[:, [PAD_ID, BOS_ID]] = -np.inf
+        for row, limit in enumerate(limits):
+            if finished[row]:
+                continue
+            token = EOS_ID if i == limit - 1 else int(np.argmax(log_probs[row]))
+            tokens[row, i] = token
+            finished[row] = token == EOS_ID
+            if i + 1 < width:
+                prefix[row, i + 1] = token
+    return tokens
+
+
+def teacher_forced_log_probs(model, sources, tokens):
+    """Summed model log-probabilities of EOS-ended `tokens [N, L]` and their lengths."""
+    decoder_inputs = np.concatenate([np.full((len(tokens), 1), BOS_ID), tokens[:, :-1]], 1)
+    log_probs = log_softmax(
+        to_numpy(model({"encoder_inputs": sources, "decoder_inputs": decoder_inputs.astype("int32")}))
+    )
+    picked = np.take_along_axis(log_probs, tokens[:, :, None].astype("int64"), -1)[:, :, 0]
+    lengths = np.argmax(tokens == EOS_ID, axis=1) + 1
+    real = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    return np.where(real, picked, 0.0).sum(1), lengths
+
+
+def test_cached_greedy_equals_full_recomputation(decoded):
+    model, (tokens, scores), _ = decoded
+    width = max(LIMITS)
+    assert tokens.shape == (2, width)
+    np.testing.assert_array_equal(tokens, reference_greedy(model, SOURCES, LIMITS, width))
+    uncached_tokens, uncached_scores = decoding.greedy_decode_uncached(model, SOURCES)
+    np.testing.assert_array_equal(to_numpy(uncached_tokens), tokens)
+    np.testing.assert_allclose(to_numpy(uncached_scores), scores, atol=1e-5)
+    log_probs, _ = teacher_forced_log_probs(model, SOURCES, tokens)
+    np.testing.assert_allclose(scores, log_probs, atol=1e-4)
+
+
+def test_beam_hypotheses_are_scored_as_the_model_scores_them(decoded):
+    model, _, (tokens, scores) = decoded
+    assert tokens.shape == (2, 3, max(LIMITS)) and scores.shape == (2, 3)
+    assert np.all(np.isfinite(scores)) and np.all(np.diff(scores, axis=1) <= 0)
+    flat = tokens.reshape(6, -1)
+    log_probs, lengths = teacher_forced_log_probs(model, np.repeat(SOURCES, 3, axis=0), flat)
+    # A cache gathered from the wrong beam would score a different prefix than it returns.
+    np.testing.assert_allclose(scores.reshape(-1), log_probs / ((5 + lengths) / 6) ** 0.6, atol=1e-4)
+    for row, length in zip(flat, lengths):
+        assert row[length - 1] == EOS_ID and not np.any(row[length:])
+        assert EOS_ID not in row[: length - 1] and PAD_ID not in row[:length]
+    assert np.all(lengths.reshape(2, 3) <= np.array(LIMITS)[:, None])
+    for sentence in tokens:
+        assert len({tuple(row) for row in sentence}) == 3
+
+
+def test_beam_of_one_without_length_penalty_is_greedy(decoded):
+    model, (greedy_tokens, greedy_scores), _ = decoded
+    tokens, scores = decoding.beam_decode(model, SOURCES, beam_size=1, alpha=0.0)
+    np.testing.assert_array_equal(to_numpy(tokens), greedy_tokens)
+    np.testing.assert_allclose(to_numpy(scores), greedy_scores, atol=1e-5)
+
+
+def test_a_batch_decodes_each_sentence_as_it_decodes_alone(decoded):
+    model, (greedy_tokens, greedy_scores), (beam_tokens, beam_scores) = decoded
+    for row, limit in enumerate(LIMITS):
+        alone = SOURCES[row : row + 1, : np.count_nonzero(SOURCES[row])]
+        tokens, scores = (to_numpy(x) for x in decoding.greedy_decode(model, alone))
+        assert tokens.shape == (1, limit)
+        np.testing.assert_array_equal(greedy_tokens[row, :limit], tokens[0])
+        assert not np.any(greedy_tokens[row, limit:])
+        np.testing.assert_allclose(greedy_scores[row], scores[0], atol=1e-5)
+
+        tokens, scores = (
+            to_numpy(x)
+            for x in decoding.beam_decode(model, alone, beam_size=3, alpha=0.6, return_all_beams=True)
+        )
+        np.testing.assert_array_equal(beam_tokens[row, :, :limit], tokens[0])
+        assert not np.any(beam_tokens[row, :, limit:])
+        np.testing.assert_allclose(beam_scores[row], scores[0], atol=1e-5)
+
+
+def test_lengths_follow_the_paper_and_the_config(decoded):
+    model, _, _ = decoded
+    width, limits = decoding.decode_lengths(model, SOURCES)
+    assert width == 6 + EXTRA and to_numpy(limits).tolist() == LIMITS
+    # Source length + 50 (6.1), capped so BOS + output fits max_length=32 positions.
+    width, limits = decoding.decode_lengths(model, SOURCES, max_extra=50)
+    assert width == 31 and to_numpy(limits).tolist() == [31, 31]
+    width, limits = decoding.decode_lengths(model, SOURCES, max_length=4)
+    assert width == 4 and to_numpy(limits).tolist() == [4, 4]
+
+
+def test_bad_arguments_are_refused_with_clear_messages(decoded):
+    model, _, _ = decoded
+    with pytest.raises(ValueError, match=r"`beam_size` must be a positive integer. Received: beam_size=0"):
+        decoding.beam_decode(model, SOURCES, beam_size=0)
+    with pytest.raises(ValueError, match=r"`alpha` must be a number >= 0. Received: alpha=-1"):
+        decoding.beam_decode(model, SOURCES, alpha=-1.0)
+    with pytest.raises(ValueError, match=r"shape \[batch, source_length\]. Received: shape=\(6,\)"):
+        decoding.greedy_decode(model, SOURCES[0])
+    with pytest.raises(ValueError, match=r"integer token ids. Received: dtype=float32"):
+        decoding.greedy_decode(model, SOURCES.astype("float32"))
+    with pytest.raises(ValueError, match=r"`max_length` must be an integer in \[1, 31\].*max_length=40"):
+        decoding.greedy_decode(model, SOURCES, max_length=40)
+    with pytest.raises(ValueError, match=r"`method` must be one of .* Received: method='sample'"):
+        CompiledDecoder(model, "sample")
+
+
+def test_compiled_decoder_traces_once_per_shape_and_sees_new_weights(decoded):
+    model, _, (beam_tokens, beam_scores) = decoded
+    decoder = CompiledDecoder(model, "beam", beam_size=3, alpha=0.6, return_all_beams=True)
+    tokens, scores = decoder(SOURCES)
+    np.testing.assert_array_equal(to_numpy(tokens), beam_tokens)
+    np.testing.assert_allclose(to_numpy(scores), beam_scores, atol=1e-5)
+
+    other = np.array([[9, 8, 7, 6, 0, 0], [4, 5, 0, 0, 0, 0]], "int32")  # same bucket shape
+    embedding = model.get_layer("token_embedding").weights[0]
+    original = to_numpy(embedding)
+    try:
+        embedding.assign(original * 3.0)
+        tokens, scores = decoder(other)
+        expected = decoding.beam_decode(model, other, beam_size=3, alpha=0.6, return_all_beams=True)
+    finally:
+        embedding.assign(original)
+    np.testing.assert_array_equal(to_numpy(tokens), to_numpy(expected[0]))
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(expected[1]), atol=1e-5)
+    if keras.backend.backend() == "torch":
+        assert decoder.trace_count == 0  # eager by design: nothing is traced
+    else:
+        assert decoder.trace_count == 1
+
+
+def test_decoding_traces_in_a_tf_function_with_dynamic_batch_and_length(decoded):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tf.function with an input_signature (the SavedModel path) is TensorFlow only")
+    import tensorflow as tf
+
+    model, _, (beam_tokens, beam_scores) = decoded
+    traces = []
+
+    def decode(ids):
+        traces.append(ids.shape)  # runs only while tracing
+        return decoding.beam_decode(model, ids, beam_size=3, alpha=0.6, return_all_beams=True)
+
+    beam = tf.function(decode, input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    tokens, scores = beam(SOURCES)
+    np.testing.assert_array_equal(tokens.numpy(), beam_tokens)
+    np.testing.assert_allclose(scores.numpy(), beam_scores, atol=1e-5)
+    tokens, scores = beam(SOURCES[1:, :4])  # another batch size and source length
+    expected = decoding.beam_decode(model, SOURCES[1:, :4], beam_size=3, alpha=0.6, return_all_beams=True)
+    np.testing.assert_array_equal(tokens.numpy(), to_numpy(expected[0]))
+    np.testing.assert_allclose(scores.numpy(), to_numpy(expected[1]), atol=1e-5)
+    assert [shape.as_list() for shape in traces] == [[None, None]]  # one trace served both
