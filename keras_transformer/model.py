@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer as a functional `keras.Model`."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.config import TransformerConfig
@@ -63,6 +64,17 @@ class Transformer(keras.Model):
         )
         self.config = config
         self._layers_by_role = layers
+
+    def call(self, inputs, training=None, mask=None):
+        # Eager calls check token ids: out-of-range ids would otherwise be clamped by
+        # JAX's gather and fail differently on each other backend. Inside compiled
+        # functions (fit, predict, tf.function, jax.jit) values are not known, so the
+        # check happens at the data and translation boundaries instead.
+        if isinstance(inputs, dict):
+            for key in ("encoder_inputs", "decoder_inputs"):
+                if key in inputs and _is_concrete(inputs[key]):
+                    check_token_ids(inputs[key], self.config.vocab_size, name=key)
+        return super().call(inputs, training=training, mask=mask)
 
     # ----------------------------------------------------------------- pieces
     @property
@@ -153,6 +165,40 @@ class Transformer(keras.Model):
     def from_config(cls, config):
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+
+def check_token_ids(token_ids, vocab_size, name="token_ids"):
+    """Raises ValueError unless `token_ids` is an integer `[B, L]` array of ids in `[0, vocab_size)`."""
+    values = np.asarray(ops.convert_to_numpy(token_ids))
+    if not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(
+            f"`{name}` must hold integer token ids. Received: dtype={values.dtype}. "
+            "Tokenize text first; ids are never floats."
+        )
+    if values.ndim != 2:
+        raise ValueError(
+            f"`{name}` must have shape [batch, length]. Received: shape={values.shape}"
+        )
+    bad = (values < 0) | (values >= vocab_size)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"`{name}` holds token id {int(values[where])} at position {where}, outside "
+            f"[0, vocab_size={vocab_size}). Was the data tokenized with another vocabulary?"
+        )
+
+
+def _is_concrete(x):
+    """True for a value known now (NumPy, eager TF, JAX array, torch tensor), False when traced."""
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return True
+    cls = type(x)
+    module, name = cls.__module__, cls.__name__
+    return (
+        name == "EagerTensor"
+        or (module.startswith("jaxlib") and name == "ArrayImpl")
+        or (module.startswith("torch") and name == "Tensor")
+    )
 
 
 def build_transformer(config):

@@ -1,0 +1,334 @@
+"""SavedModel export for TensorFlow Serving: text in, text out, all in the graph.
+
+`export_saved_model` writes `saved_models/<name>/<version>/`, the layout TensorFlow
+Serving watches (it serves the highest integer version under `<name>/`). The graph
+holds the sentencepiece tokenizer (tensorflow-text ops, which stock TF Serving links),
+the model's variables and its beam search, traced from the same `decoding.py` code
+that runs on every backend; no Python function is left in it. Signatures:
+
+- `serving_default`: `text` tf.string `[B]` -> `translation` tf.string `[B]`,
+  `score` float32 `[B]`.
+- `translate_ids`: `encoder_inputs` int32 `[B, S]` (source ids ending with EOS,
+  padded with 0) -> `output_ids` int32 `[B, L]` (ending with EOS, then 0),
+  `score` float32 `[B]`: for clients that tokenize themselves.
+
+A SavedModel that holds tokenizer ops cannot be loaded by a server that lacks them,
+whatever signature is called, so `ids_only=True` exports a graph with no
+tensorflow-text op at all, whose `serving_default` is `translate_ids`.
+
+Tracing the model into a TF graph needs the TensorFlow backend. A model trained
+under JAX or PyTorch is exported by loading its `.keras` file (or its
+`.weights.h5` into a model built from the same config) in a process started with
+`KERAS_BACKEND=tensorflow`; `python -m training.export` does exactly that.
+"""
+
+import dataclasses
+import os
+import re
+import shutil
+import uuid
+
+import keras
+
+from keras_transformer import decoding
+from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
+from keras_transformer.special_tokens import EOS_ID, PAD_ID
+from keras_transformer.translator import Translator, load_model_and_tokenizer
+
+DEFAULT_BASE_DIR = "saved_models"
+DEFAULT_NAME = "transformer"
+SERVING_SIGNATURE = "serving_default"
+IDS_SIGNATURE = "translate_ids"
+
+# Ops that call back into Python: a SavedModel holding one cannot be served.
+PYTHON_FUNCTION_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+
+_TF_BACKEND_MESSAGE = (
+    "SavedModel export needs the TensorFlow backend, but this process runs "
+    "KERAS_BACKEND={backend!r}. The model's files load on any backend: save it "
+    "(model.save('model.keras'), or model.save_weights('model.weights.h5')) and "
+    "export it from a process started with KERAS_BACKEND=tensorflow, e.g. "
+    "`KERAS_BACKEND=tensorflow python -m training.export --model-dir DIR`."
+)
+
+
+def check_tensorflow_backend():
+    """Raises `RuntimeError` (saying how to export instead) unless the backend is TF."""
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise RuntimeError(_TF_BACKEND_MESSAGE.format(backend=backend))
+
+
+def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
+    """A `tf.Module` with the model's variables, the tokenizer and the decode functions."""
+    import tensorflow as tf  # Only on the TF backend, checked by the caller.
+
+    max_source_tokens = model.config.max_length - 1  # room for EOS
+
+    def decode(encoder_inputs):
+        if beam_size == 1:
+            return decoding.greedy_decode(model, encoder_inputs, max_extra=max_extra)
+        return decoding.beam_decode(
+            model, encoder_inputs, beam_size, length_penalty, max_extra=max_extra
+        )
+
+    class TranslationModule(tf.Module):
+        def __init__(self):
+            super().__init__(name="translation")
+            # Tracked, so the variables the traced functions capture are saved. The
+            # Keras model itself is only closed over: it holds nothing else to save.
+            self.model_variables = list(model.variables)
+            if tokenizer is not None:
+                self.tokenizer = tokenizer
+
+        @tf.function(
+            input_signature=[tf.TensorSpec([None, None], tf.int32, name="encoder_inputs")]
+        )
+        def translate_ids(self, encoder_inputs):
+            tokens, scores = decode(encoder_inputs)
+            return {"output_ids": tokens, "score": scores}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def translate_text(self, text):
+            # Same rules as `Translator`: cut to fit EOS in, and no text -> "" (score 0).
+            ids = self.tokenizer.tokenize(text)[:, :max_source_tokens]
+            eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
+            ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
+            encoder_inputs = ids.to_tensor(default_value=PAD_ID)
+            tokens, scores = decode(encoder_inputs)
+            empty = tf.equal(ids.row_lengths(), 1)
+            translation = tf.where(empty, "", self.tokenizer.detokenize(tokens))
+            return {"translation": translation, "score": tf.where(empty, 0.0, scores)}
+
+    return TranslationModule()
+
+
+def export_saved_model(
+    model_dir_or_model,
+    tokenizer=None,
+    *,
+    base_dir=DEFAULT_BASE_DIR,
+    name=DEFAULT_NAME,
+    version=None,
+    overwrite=False,
+    beam_size=DEFAULT_BEAM_SIZE,
+    length_penalty=DEFAULT_ALPHA,
+    max_extra=None,
+    ids_only=False,
+):
+    """Writes a TF Serving SavedModel to `base_dir/name/version/`; returns that path.
+
+    The SavedModel's signatures are described in the module docstring. It is first
+    written to a hidden temporary directory beside the version directory (TF Serving
+    ignores names that are not integers), checked to hold no Python-function op, and
+    then renamed into place, so a crash mid-write leaves any previous export intact.
+
+    Args:
+        model_dir_or_model: a model directory (`model.keras` + `tokenizer.model`) or a
+            `keras_transformer.Transformer`.
+        tokenizer: the `SubwordTokenizer` (or its path); defaults to the directory's.
+        base_dir: str, the root of the TF Serving model tree.
+        name: str, the served model's name: one directory-name component.
+        version: positive int; defaults to 1 + the highest integer version already
+            under `base_dir/name` (1 when there is none).
+        overwrite: bool, replace an existing version directory instead of raising.
+        beam_size: int, beams per sentence; 1 exports greedy search. Default 4 (6.1).
+        length_penalty: float, alpha of the length penalty. Default 0.6 (6.1).
+        max_extra: int, extra output tokens over the source length; defaults to the
+            config's `max_decode_extra`.
+        ids_only: bool, leave the tokenizer out: only token-id signatures, loadable
+            where tensorflow-text ops are not.
+
+    Returns:
+        str, the version directory.
+
+    Raises:
+        RuntimeError: the Keras backend is not TensorFlow (the message says what to do).
+        FileExistsError: the version directory exists and `overwrite` is False.
+        ValueError: bad `name`, `version` or decoding arguments.
+
+    Example:
+    >>> export_saved_model("runs/demo/model", name="demo")
+    'saved_models/demo/1'
+    """
+    check_tensorflow_backend()
+    import tensorflow as tf
+
+    _check_name(name)
+    model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
+    decoding._check_beam_arguments(beam_size, length_penalty)
+    model_base = os.path.join(os.fspath(base_dir), name)
+    if version is None:
+        version = next_version(model_base)
+    if isinstance(version, bool) or not isinstance(version, int) or version <= 0:
+        raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
+    target = os.path.join(model_base, str(version))
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(
+            f"{target} already exists; pass overwrite=True (--overwrite) to replace it, "
+            "or choose another version."
+        )
+
+    module = _translation_module(
+        model, None if ids_only else tokenizer, beam_size, length_penalty, max_extra
+    )
+    ids_function = module.translate_ids.get_concrete_function()
+    signatures = {IDS_SIGNATURE: ids_function}
+    if ids_only:
+        signatures[SERVING_SIGNATURE] = ids_function
+    else:
+        signatures[SERVING_SIGNATURE] = module.translate_text.get_concrete_function()
+
+    os.makedirs(model_base, exist_ok=True)
+    temporary = os.path.join(model_base, f".{version}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        tf.saved_model.save(module, temporary, signatures=signatures)
+        python_ops = saved_model_op_types(temporary) & PYTHON_FUNCTION_OPS
+        if python_ops:  # pragma: no cover - would be a bug in the traced code
+            raise RuntimeError(
+                f"The traced graph holds Python-function ops {sorted(python_ops)}, which "
+                "TensorFlow Serving cannot run; nothing was exported."
+            )
+        _move_into_place(temporary, target, overwrite)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return target
+
+
+def next_version(model_base):
+    """1 + the highest integer-named directory under `model_base` (1 if none)."""
+    if not os.path.isdir(model_base):
+        return 1
+    versions = [
+        int(entry)
+        for entry in os.listdir(model_base)
+        if entry.isdigit() and os.path.isdir(os.path.join(model_base, entry))
+    ]
+    return max(versions, default=0) + 1
+
+
+def saved_model_op_types(export_dir):
+    """The set of op types in a SavedModel's graphs, its function library included."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as file:
+        saved_model.ParseFromString(file.read())
+    op_types = set()
+    for meta_graph in saved_model.meta_graphs:
+        op_types.update(node.op for node in meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            op_types.update(node.op for node in function.node_def)
+    return op_types
+
+
+def translate_with_saved_model(export_dir, sentences):
+    """Translations and scores of `sentences` through an exported SavedModel.
+
+    Loads `export_dir` with `tf.saved_model.load` (no Keras, no model code) and calls
+    its `serving_default` signature, as a server would.
+
+    Returns:
+        `(translations, scores)`: lists of str and float.
+    """
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  Registers the tokenizer ops the graph uses.
+
+    loaded = tf.saved_model.load(export_dir)
+    outputs = loaded.signatures[SERVING_SIGNATURE](text=tf.constant(list(sentences), tf.string))
+    translations = [text.decode("utf-8") for text in outputs["translation"].numpy()]
+    return translations, [float(score) for score in outputs["score"].numpy()]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportCheck:
+    """What `export_and_check` did: where it exported, and what the export said.
+
+    Args:
+        export_dir: str, the version directory written.
+        sentences: list of str, the sentences translated.
+        translations: list of str, the SavedModel's translations.
+        agrees: list of bool, whether each equals the in-process `Translator`'s.
+    """
+
+    export_dir: str
+    sentences: list
+    translations: list
+    agrees: list
+
+    def __str__(self):
+        lines = [f"SavedModel {self.export_dir}:"]
+        for source, target, agree in zip(self.sentences, self.translations, self.agrees):
+            mark = "" if agree else "   (differs from the in-process Translator)"
+            lines.append(f"  {source!r} -> {target!r}{mark}")
+        return "\n".join(lines)
+
+
+def export_and_check(model_dir, sentences, *, base_dir=DEFAULT_BASE_DIR, name="demo", **kwargs):
+    """Exports `model_dir`, reloads the SavedModel and translates `sentences` with it.
+
+    The end of `make demo`: the translations of the reloaded graph are compared with
+    those of a `Translator` on the same model (same beam settings).
+
+    Args:
+        model_dir: a model directory (`model.keras` + `tokenizer.model`).
+        sentences: list of str to translate.
+        base_dir, name: where to export (`base_dir/name/<next version>/`).
+        **kwargs: more `export_saved_model` arguments (`beam_size`, ...).
+
+    Returns:
+        An `ExportCheck`; `print` it to show the translations.
+    """
+    export_dir = export_saved_model(model_dir, base_dir=base_dir, name=name, **kwargs)
+    translations, _ = translate_with_saved_model(export_dir, sentences)
+    translator = Translator(
+        model_dir,
+        beam_size=kwargs.get("beam_size", DEFAULT_BEAM_SIZE),
+        length_penalty=kwargs.get("length_penalty", DEFAULT_ALPHA),
+        max_extra=kwargs.get("max_extra"),
+    )
+    expected = translator.translate(sentences)
+    return ExportCheck(
+        export_dir=export_dir,
+        sentences=list(sentences),
+        translations=translations,
+        agrees=[a == b for a, b in zip(translations, expected)],
+    )
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name):
+        raise ValueError(
+            "`name` must be one directory name of letters, digits, '_', '-' or '.', not "
+            f"starting with '.' or '-'. Received: name={name!r}"
+        )
+
+
+def _move_into_place(temporary, target, overwrite):
+    """Renames `temporary` to `target`, replacing it if `overwrite`."""
+    if not os.path.exists(target):
+        os.rename(temporary, target)
+        return
+    if not overwrite:  # appeared while we were writing
+        raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
+    # Move the old version aside first: a directory cannot be renamed onto a non-empty one.
+    retired = f"{os.path.dirname(target)}/.{os.path.basename(target)}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(target, retired)
+    os.rename(temporary, target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+__all__ = [
+    "DEFAULT_BASE_DIR",
+    "DEFAULT_NAME",
+    "SERVING_SIGNATURE",
+    "IDS_SIGNATURE",
+    "PYTHON_FUNCTION_OPS",
+    "ExportCheck",
+    "check_tensorflow_backend",
+    "export_saved_model",
+    "export_and_check",
+    "next_version",
+    "saved_model_op_types",
+    "translate_with_saved_model",
+]

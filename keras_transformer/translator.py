@@ -1,0 +1,313 @@
+"""`Translator`: text in, text out, through a trained model's compiled beam search.
+
+The object user scripts hold: it loads a model directory (`model.keras` and
+`tokenizer.model`) or takes a model and its tokenizer, and translates lists of
+strings on any Keras backend. Sentences are tokenized with the sentencepiece model
+in Python, sorted by length, batched, padded to a few shapes (so the compiled
+decoder of `keras_transformer.compiled` is traced once per shape, not once per
+batch), decoded, detokenized and put back in the caller's order.
+"""
+
+import math
+import os
+import threading
+import warnings
+
+import keras
+import numpy as np
+
+from keras_transformer.compiled import compile_decoder
+from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
+from keras_transformer.model import Transformer
+from keras_transformer.special_tokens import EOS_ID, PAD_ID
+
+MODEL_FILENAME = "model.keras"
+"""Name of the saved model in a model directory, beside the tokenizer's file."""
+
+DEFAULT_BATCH_SIZE = 64
+
+# Source lengths are padded up to a multiple of this, and batch sizes up to a power
+# of two, so a stream of sentences reaches the compiled decoder in few shapes (each
+# new shape is a trace, and on TensorFlow and JAX a compilation).
+LENGTH_MULTIPLE = 8
+
+
+class Translator:
+    """Translates lists of sentences with a trained Transformer and its tokenizer.
+
+    Decoding is beam search with the GNMT length penalty (the paper's beam of 4 and
+    alpha of 0.6, section 6.1) or, with `beam_size=1`, greedy search, each sentence
+    through the key/value cache (`keras_transformer.decoding`), compiled for the
+    backend (`keras_transformer.compiled`). A sentence's output may be at most its
+    length + `config.max_decode_extra` tokens (the paper's "input length + 50").
+
+    Inputs are checked one by one: `translate` takes a list (or other iterable) of
+    `str`, and refuses a lone `str` (it would otherwise be read as a list of
+    characters) and any non-string item with a `TypeError` that names the item's type
+    and index. A sentence that is empty or whitespace only (nothing to tokenize)
+    translates to `""` without being decoded. A sentence longer than the model's
+    `max_length` (counting its EOS) is cut to fit, with a `UserWarning` naming its index
+    and both lengths.
+
+    One `Translator` may be shared by threads: calls into the compiled decoder are
+    serialized by a lock (the decoder is one compiled program, so this costs no
+    parallelism the backend would have given), and results do not depend on which
+    other sentences share a batch.
+
+    Args:
+        model_dir_or_model: a model directory (str or path-like) holding
+            `model.keras` and `tokenizer.model`, or a `keras_transformer.Transformer`.
+        tokenizer: a `SubwordTokenizer` or a path to a `tokenizer.model` file (or its
+            directory). Defaults to the tokenizer of the model directory; required
+            when a model object is given.
+        beam_size: int, beams per sentence; 1 is greedy search. Defaults to 4 (6.1).
+        length_penalty: float >= 0, alpha of the length penalty (ignored by greedy
+            search). Defaults to 0.6 (6.1).
+        batch_size: int, the most sentences decoded together.
+        max_extra: int, extra output tokens allowed over the source length; defaults
+            to the model config's `max_decode_extra` (50).
+        jit_compile: bool, compile with XLA on TensorFlow (default True).
+
+    Raises:
+        ValueError: the tokenizer's vocabulary size differs from the model's, or an
+            argument is out of range.
+        FileNotFoundError: the model directory lacks `model.keras` or
+            `tokenizer.model`.
+
+    Example:
+    >>> translator = Translator("runs/demo/model")
+    >>> translator.translate(["the third of may", ""])
+    ['der dritte Mai', '']
+    """
+
+    def __init__(
+        self,
+        model_dir_or_model,
+        tokenizer=None,
+        beam_size=DEFAULT_BEAM_SIZE,
+        length_penalty=DEFAULT_ALPHA,
+        batch_size=DEFAULT_BATCH_SIZE,
+        *,
+        max_extra=None,
+        jit_compile=True,
+    ):
+        model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
+        _check_positive_int("beam_size", beam_size)
+        _check_positive_int("batch_size", batch_size)
+        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty < 0:
+            raise ValueError(
+                f"`length_penalty` must be a number >= 0. Received: length_penalty={length_penalty!r}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.beam_size = beam_size
+        self.length_penalty = float(length_penalty)
+        self.batch_size = batch_size
+        # The source with its EOS must fit the model's positions.
+        self.max_source_tokens = model.config.max_length - 1
+        decode_kwargs = {"max_extra": max_extra}
+        if beam_size == 1:
+            self.decoder = compile_decoder(model, "greedy", jit_compile=jit_compile, **decode_kwargs)
+        else:
+            self.decoder = compile_decoder(
+                model,
+                "beam",
+                jit_compile=jit_compile,
+                beam_size=beam_size,
+                alpha=self.length_penalty,
+                **decode_kwargs,
+            )
+        self._lock = threading.Lock()
+
+    def translate(self, sentences, *, return_scores=False, progress=False):
+        """Translations of `sentences`, in their order.
+
+        Args:
+            sentences: list (or other iterable, not a lone str) of str.
+            return_scores: bool. Also return each translation's score: the
+                length-penalised log-probability for beam search, the summed
+                log-probability for greedy search; 0.0 for an empty input.
+            progress: bool, show a tqdm progress bar over the sentences.
+
+        Returns:
+            list of str; with `return_scores`, `(translations, scores)`.
+
+        Raises:
+            TypeError: `sentences` is a str, or one of its items is not a str.
+        """
+        sentences = _checked_sentences(sentences)
+        ids = self._source_ids(sentences)
+        translations = [""] * len(sentences)
+        scores = [0.0] * len(sentences)
+        # Longest first, so the first batches show the worst case (and compile first).
+        order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: -len(ids[i]))
+        bar = _progress_bar(len(sentences), progress)
+        try:
+            if bar is not None:
+                bar.update(len(sentences) - len(order))  # empty inputs: done already
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start : start + self.batch_size]
+                tokens, batch_scores = self._decode([ids[i] for i in batch])
+                texts = self.tokenizer.decode(tokens[: len(batch)])
+                for row, index in enumerate(batch):
+                    translations[index] = texts[row]
+                    scores[index] = float(batch_scores[row])
+                if bar is not None:
+                    bar.update(len(batch))
+        finally:
+            if bar is not None:
+                bar.close()
+        return (translations, scores) if return_scores else translations
+
+    def __call__(self, sentences, **kwargs):
+        return self.translate(sentences, **kwargs)
+
+    # ------------------------------------------------------------------ internals
+    def _source_ids(self, sentences):
+        """Encoder input ids of each sentence (with EOS), or [] where there is no text."""
+        encoded = self.tokenizer.encode(sentences)
+        result = []
+        for index, ids in enumerate(encoded):
+            if not ids:
+                result.append([])
+                continue
+            if len(ids) > self.max_source_tokens:
+                warnings.warn(
+                    f"Input {index} has {len(ids)} tokens, more than the model's maximum "
+                    f"source length of {self.max_source_tokens} tokens (max_length="
+                    f"{self.model.config.max_length} with EOS); it is truncated to its "
+                    f"first {self.max_source_tokens} tokens.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                ids = ids[: self.max_source_tokens]
+            result.append(list(ids) + [EOS_ID])
+        return result
+
+    def _decode(self, batch_ids):
+        """Pads `batch_ids` to a bucketed shape and decodes it: numpy tokens, scores."""
+        encoder_inputs = pad_batch(batch_ids, self.model.config.max_length, self.batch_size)
+        with self._lock:
+            tokens, scores = self.decoder(encoder_inputs)
+            tokens = keras.ops.convert_to_numpy(tokens)
+            scores = keras.ops.convert_to_numpy(scores)
+        return tokens, scores
+
+
+def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
+    """The `(Transformer, SubwordTokenizer)` of a model directory, or the ones given.
+
+    Args:
+        model_dir_or_model: a directory with `model.keras` (and `tokenizer.model`
+            unless `tokenizer` is given), or a `Transformer`.
+        tokenizer: a `SubwordTokenizer`, a path to one, or None (the directory's).
+
+    Returns:
+        `(model, tokenizer)`, checked to share one vocabulary size.
+
+    Raises:
+        FileNotFoundError, TypeError, ValueError: with what was received.
+    """
+    from keras_transformer.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
+
+    if isinstance(model_dir_or_model, (str, os.PathLike)):
+        model_dir = os.fspath(model_dir_or_model)
+        model_path = os.path.join(model_dir, MODEL_FILENAME)
+        if not os.path.isfile(model_path):
+            raise FileNotFoundError(
+                f"No {MODEL_FILENAME} in the model directory {model_dir!r}; expected the "
+                "file written by model.save()."
+            )
+        model = keras.models.load_model(model_path, compile=False, safe_mode=True)
+        if tokenizer is None:
+            tokenizer = model_dir
+    elif isinstance(model_dir_or_model, Transformer):
+        model = model_dir_or_model
+        if tokenizer is None:
+            raise ValueError(
+                "A model object needs its tokenizer: pass `tokenizer=` (a SubwordTokenizer "
+                "or the path of its tokenizer.model)."
+            )
+    else:
+        raise TypeError(
+            "`model_dir_or_model` must be a model directory (str or path) or a "
+            f"keras_transformer.Transformer. Received: {type(model_dir_or_model).__name__}"
+        )
+    if not isinstance(model, Transformer):
+        raise TypeError(
+            f"{MODEL_FILENAME} must hold a keras_transformer.Transformer. "
+            f"Received: {type(model).__name__}"
+        )
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = SubwordTokenizer.load(tokenizer)
+    if not isinstance(tokenizer, SubwordTokenizer):
+        raise TypeError(
+            "`tokenizer` must be a SubwordTokenizer or the path of a tokenizer.model. "
+            f"Received: {type(tokenizer).__name__}"
+        )
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"The tokenizer's vocab_size ({tokenizer.vocab_size}) differs from the model's "
+            f"config.vocab_size ({model.config.vocab_size}): they were not trained together."
+        )
+    return model, tokenizer
+
+
+def pad_batch(batch_ids, max_length, batch_size):
+    """int32 `[B', S']` encoder inputs: `batch_ids` padded with PAD rows and columns.
+
+    S' is the longest sequence rounded up to a multiple of 8 (at most `max_length`);
+    B' is `len(batch_ids)` rounded up to a power of two (at most `batch_size`, or the
+    length itself when that is larger). Extra rows hold a lone EOS: an empty sentence
+    that stops at once and changes no other row's result.
+
+    Example:
+    >>> pad_batch([[5, 3], [6, 7, 3]], max_length=64, batch_size=64).shape
+    (2, 8)
+    """
+    longest = max(len(ids) for ids in batch_ids)
+    length = min(max_length, LENGTH_MULTIPLE * math.ceil(longest / LENGTH_MULTIPLE))
+    length = max(length, longest)
+    rows = max(len(batch_ids), min(batch_size, 2 ** math.ceil(math.log2(len(batch_ids)))))
+    padded = np.full((rows, length), PAD_ID, dtype="int32")
+    padded[len(batch_ids) :, 0] = EOS_ID
+    for row, ids in enumerate(batch_ids):
+        padded[row, : len(ids)] = ids
+    return padded
+
+
+def _checked_sentences(sentences):
+    if isinstance(sentences, (str, bytes)):
+        raise TypeError(
+            "`sentences` must be a list of str, not a single "
+            f"{type(sentences).__name__}; wrap it in a list: [text]. Received: {sentences!r:.80}"
+        )
+    try:
+        sentences = list(sentences)
+    except TypeError:
+        raise TypeError(
+            f"`sentences` must be a list of str. Received: {type(sentences).__name__}"
+        ) from None
+    for index, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(
+                f"Every sentence must be a str. Received: {type(sentence).__name__} "
+                f"({sentence!r:.80}) at index {index}"
+            )
+    return sentences
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _progress_bar(total, enabled):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sentence", desc="translating")
+
+
+__all__ = ["Translator", "load_model_and_tokenizer", "pad_batch", "MODEL_FILENAME"]
