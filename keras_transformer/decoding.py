@@ -26,8 +26,10 @@ Conventions shared by every function here:
   beam search (Wu et al., 2016, eq. 14).
 
 Loops are `keras.ops.while_loop` with fixed-shape loop variables (the cache holds the
-longest limit from the start), so they trace inside `tf.function` (XLA included) and
-`jax.jit`; see `keras_transformer.compiled` for compiled callables.
+longest limit from the start), so they trace inside `tf.function` (XLA included, with
+`None` batch and source dimensions) and `jax.jit`; `keras_transformer.compiled` gives
+compiled callables. Called eagerly on PyTorch, the loop records autograd history: wrap
+it in `torch.no_grad()` or use `compiled.CompiledDecoder`, which does.
 """
 
 import keras
@@ -57,8 +59,8 @@ def length_penalty(length, alpha):
         alpha: float >= 0.
 
     Example:
-    >>> float(length_penalty(7, 0.6))  # ((5 + 7) / 6) ** 0.6
-    1.515716566510398
+    >>> round(float(length_penalty(7, 0.6)), 4)  # ((5 + 7) / 6) ** 0.6
+    1.5157
     """
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
 
@@ -123,10 +125,10 @@ def greedy_search(
         `(tokens int32 [B, L], scores float32 [B])`, scores being summed log-probabilities.
 
     Example:
-    >>> logits = keras.ops.log(keras.ops.array([[.1, .1, .1, .5, .2]]))  # EOS likeliest
-    >>> step_fn = lambda ids, index, state: (keras.ops.tile(logits, (1, 1)), state)
-    >>> tokens, scores = greedy_search(step_fn, (), 1, 3)
-    >>> tokens  # [[EOS, 0, 0]], score log(0.5)
+    >>> logits = keras.ops.log(keras.ops.array([[.1, .1, .1, .5, .2]]))  # EOS (3) likeliest
+    >>> step_fn = lambda token_ids, index, state: (logits, state)
+    >>> tokens, scores = greedy_search(step_fn, (), batch_size=1, max_length=3)
+    >>> tokens, scores  # [[3, 0, 0]], [log(0.5)]
     """
     positions = ops.arange(max_length, dtype="int32")[None, :]
     limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
@@ -171,11 +173,15 @@ def tile_beams(structure, beam_size):
     return tree.map_structure(lambda x: ops.repeat(x, beam_size, axis=0), structure)
 
 
+def _beam_rows(beam_indices, beam_size):
+    """Rows of a `[B * K, ...]` tensor that hold beams `beam_indices [B, M]` of each sentence."""
+    offsets = ops.arange(ops.shape(beam_indices)[0], dtype="int32")[:, None] * beam_size
+    return ops.cast(beam_indices, "int32") + offsets
+
+
 def _gather_beams(x, beam_indices, beam_size):
     """Picks beams of `x [B * K, ...]` by `beam_indices [B, M]`: returns `[B, M, ...]`."""
-    batch = ops.shape(beam_indices)[0]
-    offsets = ops.arange(batch, dtype="int32")[:, None] * beam_size
-    return ops.take(x, ops.cast(beam_indices, "int32") + offsets, axis=0)
+    return ops.take(x, _beam_rows(beam_indices, beam_size), axis=0)
 
 
 def _flatten_beams(x):
@@ -211,10 +217,11 @@ def beam_search(
     (ranked by `log_prob / length_penalty(len, alpha)`). At each step the `2 * beam_size`
     best extensions of the alive beams are taken, so that `beam_size` of them survive
     even if the others end with EOS: those that do not end fill the alive set, and those
-    ending with EOS within the `beam_size` best compete for the finished set. A sentence stops when its limit is reached (EOS is
-    forced at its last position) or when no alive beam can still beat its worst finished
-    hypothesis (log-probabilities only fall and the penalty only grows with length, for
-    alpha >= 0, so `alive_log_prob / length_penalty(limit)` bounds its future scores).
+    ending with EOS within the `beam_size` best compete for the finished set. A sentence
+    stops when its limit is reached (EOS is forced at its last position) or when no
+    alive beam can still beat its worst finished hypothesis (log-probabilities only fall
+    and, for alpha >= 0, the penalty only grows with length, so
+    `alive_log_prob / length_penalty(limit)` bounds an alive beam's future scores).
     Later steps leave a stopped sentence's results unchanged, so a sentence decodes in a
     batch exactly as alone. With `alpha = 0` and `beam_size = 1` this is greedy search;
     with `alpha > 0` a beam of 1 keeps going past the EOS greedy takes while a longer
@@ -287,19 +294,15 @@ def beam_search(
         alive_seq = _gather_beams(_flatten_beams(top_seq), picked, 2 * k)
         alive_tokens = ops.take_along_axis(top_tokens, picked, axis=1)
         alive_origins = ops.take_along_axis(origins, picked, axis=1)
-        flat_origins = ops.reshape(
-            alive_origins + ops.arange(ops.shape(alive_origins)[0], dtype="int32")[:, None] * k,
-            (-1,),
-        )
-        state = tree.map_structure(lambda x: ops.take(x, flat_origins, axis=0), state)
+        origin_rows = ops.reshape(_beam_rows(alive_origins, k), (-1,))
+        state = tree.map_structure(lambda x: ops.take(x, origin_rows, axis=0), state)
 
         # Finished: the K best length-penalised hypotheses so far (old ones first, so
         # that a tie keeps the earlier, shorter one). Candidates are the EOS extensions
         # among the K best, those a beam of K keeps (as fairseq and Hugging Face do;
         # tensor2tensor takes all 2K): so a beam of 1 with alpha = 0 is greedy search.
-        new_scores = ops.where(
-            ops.logical_and(ends, top_k_ranks), top_log_probs / length_penalty(index + 1, alpha), _NEG_INF
-        )
+        finishes = ops.logical_and(ends, top_k_ranks)
+        new_scores = ops.where(finishes, top_log_probs / length_penalty(index + 1, alpha), _NEG_INF)
         all_scores = ops.concatenate([finished_scores, new_scores], axis=1)
         all_seq = ops.concatenate([finished_seq, top_seq], axis=1)
         best_scores, best = ops.top_k(all_scores, k=k)
@@ -347,7 +350,8 @@ def decode_lengths(model, encoder_inputs, max_length=None, max_extra=None):
     config = model.config
     cap = config.max_length - 1
     if max_length is not None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= cap:
+        is_int = isinstance(max_length, int) and not isinstance(max_length, bool)
+        if not is_int or not 1 <= max_length <= cap:
             raise ValueError(
                 f"`max_length` must be an integer in [1, {cap}] (the model's max_length "
                 f"{config.max_length} minus one position for BOS). Received: max_length={max_length!r}"

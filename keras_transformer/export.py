@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 
 import keras
 
@@ -72,35 +73,34 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
             model, encoder_inputs, beam_size, length_penalty, max_extra=max_extra
         )
 
-    class TranslationModule(tf.Module):
-        def __init__(self):
-            super().__init__(name="translation")
-            # Tracked, so the variables the traced functions capture are saved. The
-            # Keras model itself is only closed over: it holds nothing else to save.
-            self.model_variables = list(model.variables)
-            if tokenizer is not None:
-                self.tokenizer = tokenizer
+    def translate_ids(encoder_inputs):
+        tokens, scores = decode(encoder_inputs)
+        return {"output_ids": tokens, "score": scores}
 
-        @tf.function(
-            input_signature=[tf.TensorSpec([None, None], tf.int32, name="encoder_inputs")]
+    def translate_text(text):
+        # Same rules as `Translator`: cut to fit EOS in, and no text -> "" (score 0).
+        ids = tokenizer.tokenize(text)[:, :max_source_tokens]
+        eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
+        ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
+        tokens, scores = decode(ids.to_tensor(default_value=PAD_ID))
+        empty = tf.equal(ids.row_lengths(), 1)
+        translation = tf.where(empty, "", tokenizer.detokenize(tokens))
+        return {"translation": translation, "score": tf.where(empty, 0.0, scores)}
+
+    module = tf.Module(name="translation")
+    # Tracked, so that the variables and the tokenizer resource the functions capture
+    # are saved. The Keras model itself is only closed over: it holds nothing more.
+    module.model_variables = list(model.variables)
+    module.translate_ids = tf.function(
+        translate_ids,
+        input_signature=[tf.TensorSpec([None, None], tf.int32, name="encoder_inputs")],
+    )
+    if tokenizer is not None:
+        module.tokenizer = tokenizer
+        module.translate_text = tf.function(
+            translate_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")]
         )
-        def translate_ids(self, encoder_inputs):
-            tokens, scores = decode(encoder_inputs)
-            return {"output_ids": tokens, "score": scores}
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-        def translate_text(self, text):
-            # Same rules as `Translator`: cut to fit EOS in, and no text -> "" (score 0).
-            ids = self.tokenizer.tokenize(text)[:, :max_source_tokens]
-            eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
-            ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
-            encoder_inputs = ids.to_tensor(default_value=PAD_ID)
-            tokens, scores = decode(encoder_inputs)
-            empty = tf.equal(ids.row_lengths(), 1)
-            translation = tf.where(empty, "", self.tokenizer.detokenize(tokens))
-            return {"translation": translation, "score": tf.where(empty, 0.0, scores)}
-
-    return TranslationModule()
+    return module
 
 
 def export_saved_model(
@@ -179,19 +179,26 @@ def export_saved_model(
     else:
         signatures[SERVING_SIGNATURE] = module.translate_text.get_concrete_function()
 
-    os.makedirs(model_base, exist_ok=True)
-    temporary = os.path.join(model_base, f".{version}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        tf.saved_model.save(module, temporary, signatures=signatures)
-        python_ops = saved_model_op_types(temporary) & PYTHON_FUNCTION_OPS
+    def write(directory):
+        tf.saved_model.save(module, directory, signatures=signatures)
+        python_ops = saved_model_op_types(directory) & PYTHON_FUNCTION_OPS
         if python_ops:  # pragma: no cover - would be a bug in the traced code
             raise RuntimeError(
                 f"The traced graph holds Python-function ops {sorted(python_ops)}, which "
                 "TensorFlow Serving cannot run; nothing was exported."
             )
-        _move_into_place(temporary, target, overwrite)
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+
+    write_directory_atomically(target, write, overwrite=overwrite)
+    xla_ops = sorted(op for op in saved_model_op_types(target) if op.startswith("Xla"))
+    if xla_ops:
+        warnings.warn(
+            f"The SavedModel at {target} holds XLA ops {xla_ops}. TensorFlow runs them "
+            "through XLA's on-demand compiler, which stock TensorFlow Serving disables "
+            "(tensorflow/serving#2217); serve it with --xla_cpu_compilation_enabled=true "
+            "or export from a version whose cache update avoids ops.slice_update.",
+            UserWarning,
+            stacklevel=2,
+        )
     return target
 
 
@@ -304,18 +311,38 @@ def _check_name(name):
         )
 
 
-def _move_into_place(temporary, target, overwrite):
-    """Renames `temporary` to `target`, replacing it if `overwrite`."""
-    if not os.path.exists(target):
-        os.rename(temporary, target)
-        return
-    if not overwrite:  # appeared while we were writing
+def write_directory_atomically(target, write, *, overwrite=False):
+    """Calls `write(temporary)` and renames the directory it filled to `target`.
+
+    The temporary directory is hidden (`.<name>.tmp-<random>`) beside `target`, so TF
+    Serving, which only loads integer-named versions, never sees a half-written one,
+    and if `write` raises, `target` is left as it was and the temporary is removed.
+    An existing `target` is replaced only with `overwrite`: it is moved aside, the new
+    one renamed in, and then the old one deleted.
+
+    Raises:
+        FileExistsError: `target` exists (checked before and after writing) and
+            `overwrite` is False.
+    """
+    if os.path.exists(target) and not overwrite:
         raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
-    # Move the old version aside first: a directory cannot be renamed onto a non-empty one.
-    retired = f"{os.path.dirname(target)}/.{os.path.basename(target)}.old-{uuid.uuid4().hex[:12]}"
-    os.rename(target, retired)
-    os.rename(temporary, target)
-    shutil.rmtree(retired, ignore_errors=True)
+    parent, name = os.path.split(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        write(temporary)
+        if not os.path.exists(target):
+            os.rename(temporary, target)
+            return
+        if not overwrite:  # appeared while we were writing
+            raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
+        # A directory cannot be renamed onto a non-empty one: move the old one aside.
+        retired = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(target, retired)
+        os.rename(temporary, target)
+        shutil.rmtree(retired, ignore_errors=True)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 __all__ = [
@@ -331,4 +358,5 @@ __all__ = [
     "next_version",
     "saved_model_op_types",
     "translate_with_saved_model",
+    "write_directory_atomically",
 ]

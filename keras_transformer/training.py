@@ -12,6 +12,7 @@ import keras
 from keras_transformer.config import TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.precision import loss_scaled_optimizer
 from keras_transformer.schedules import TransformerSchedule
 
 _JIT_COMPILE_VALUES = ("auto", True, False)
@@ -69,11 +70,12 @@ def compile_transformer(model, config=None, *, jit_compile="auto", steps_per_exe
 
     Sets `make_optimizer(config)`, `LabelSmoothedCrossEntropy(config.label_smoothing)`
     (padding ignored) and the metrics `MaskedAccuracy` and `Perplexity`. When the model
-    computes in float16 (`mixed_float16`, from the global policy or from
-    `config.dtype_policy`), the optimizer is wrapped in `keras.optimizers.LossScaleOptimizer`
-    so small float16 gradients do not underflow. Keras does this by itself only when the
-    *model's* policy is `mixed_float16`; the `Transformer` takes its layers' policy from
-    the config, so it is checked here. bfloat16 needs no loss scaling.
+    computes in float16 (`mixed_float16` from `config.dtype_policy`, or from the global
+    policy when that is None), the optimizer is wrapped in
+    `keras.optimizers.LossScaleOptimizer` so small float16 gradients do not underflow
+    (`keras_transformer.precision.loss_scaled_optimizer`). Keras does this by itself only
+    when the *model object's* policy is `mixed_float16`, but the `Transformer` gives the
+    config's policy to its layers, not to itself. bfloat16 needs no loss scaling.
 
     Args:
         model: a `keras_transformer.Transformer` (or any model taking the same inputs
@@ -113,9 +115,8 @@ def compile_transformer(model, config=None, *, jit_compile="auto", steps_per_exe
             "`steps_per_execution` must be a positive integer. "
             f"Received: steps_per_execution={steps_per_execution!r}"
         )
-    optimizer = make_optimizer(config)
-    if uses_float16(model):
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    # The layers compute in config.dtype_policy, or the global policy when it is None.
+    optimizer = loss_scaled_optimizer(make_optimizer(config), config)
     model.compile(
         optimizer=optimizer,
         loss=LabelSmoothedCrossEntropy(config.label_smoothing),
@@ -126,15 +127,6 @@ def compile_transformer(model, config=None, *, jit_compile="auto", steps_per_exe
     return model
 
 
-def uses_float16(model):
-    """True when the model or any of its layers computes in float16 (loss needs scaling)."""
-    layers = [model, *getattr(model, "layers", ())]
-    return any(
-        getattr(getattr(layer, "dtype_policy", None), "compute_dtype", None) == "float16"
-        for layer in layers
-    )
-
-
 def _check_config(config):
     if not isinstance(config, TransformerConfig):
         raise ValueError(
@@ -142,4 +134,4 @@ def _check_config(config):
         )
 
 
-__all__ = ["compile_transformer", "make_optimizer", "make_schedule", "uses_float16"]
+__all__ = ["compile_transformer", "make_optimizer", "make_schedule"]

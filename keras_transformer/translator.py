@@ -3,9 +3,10 @@
 The object user scripts hold: it loads a model directory (`model.keras` and
 `tokenizer.model`) or takes a model and its tokenizer, and translates lists of
 strings on any Keras backend. Sentences are tokenized with the sentencepiece model
-in Python, sorted by length, batched, padded to a few shapes (so the compiled
-decoder of `keras_transformer.compiled` is traced once per shape, not once per
-batch), decoded, detokenized and put back in the caller's order.
+in Python, sorted by length, batched, padded to a few shapes (the training
+pipeline's length buckets, and batch sizes rounded up to powers of two: the compiled
+decoder of `keras_transformer.compiled` traces, and on TensorFlow and JAX compiles,
+once per shape, not once per batch), decoded, detokenized and put back in the caller's order.
 """
 
 import math
@@ -17,19 +18,14 @@ import keras
 import numpy as np
 
 from keras_transformer.compiled import compile_decoder
+from keras_transformer.data.pipeline import default_bucket_boundaries
 from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
 from keras_transformer.model import Transformer
+from keras_transformer.model_directory import MODEL_FILE
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
-
-MODEL_FILENAME = "model.keras"
-"""Name of the saved model in a model directory, beside the tokenizer's file."""
 
 DEFAULT_BATCH_SIZE = 64
 
-# Source lengths are padded up to a multiple of this, and batch sizes up to a power
-# of two, so a stream of sentences reaches the compiled decoder in few shapes (each
-# new shape is a trace, and on TensorFlow and JAX a compilation).
-LENGTH_MULTIPLE = 8
 
 
 class Translator:
@@ -212,10 +208,10 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
 
     if isinstance(model_dir_or_model, (str, os.PathLike)):
         model_dir = os.fspath(model_dir_or_model)
-        model_path = os.path.join(model_dir, MODEL_FILENAME)
+        model_path = os.path.join(model_dir, MODEL_FILE)
         if not os.path.isfile(model_path):
             raise FileNotFoundError(
-                f"No {MODEL_FILENAME} in the model directory {model_dir!r}; expected the "
+                f"No {MODEL_FILE} in the model directory {model_dir!r}; expected the "
                 "file written by model.save()."
             )
         model = keras.models.load_model(model_path, compile=False, safe_mode=True)
@@ -235,7 +231,7 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
         )
     if not isinstance(model, Transformer):
         raise TypeError(
-            f"{MODEL_FILENAME} must hold a keras_transformer.Transformer. "
+            f"{MODEL_FILE} must hold a keras_transformer.Transformer. "
             f"Received: {type(model).__name__}"
         )
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -256,18 +252,22 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
 def pad_batch(batch_ids, max_length, batch_size):
     """int32 `[B', S']` encoder inputs: `batch_ids` padded with PAD rows and columns.
 
-    S' is the longest sequence rounded up to a multiple of 8 (at most `max_length`);
-    B' is `len(batch_ids)` rounded up to a power of two (at most `batch_size`, or the
-    length itself when that is larger). Extra rows hold a lone EOS: an empty sentence
-    that stops at once and changes no other row's result.
+    S' is the smallest of the training pipeline's bucket boundaries that holds the
+    longest sequence (`data.pipeline.default_bucket_boundaries(max_length)`: multiples
+    of 8 growing by ~1.5x, 9 shapes up to 256); B' is `len(batch_ids)` rounded up to a
+    power of two, at most `batch_size`. So a model sees at most 9 x 7 shapes at the
+    default batch size of 64. Extra rows hold a lone EOS: an empty sentence that stops
+    at once and changes no other row's result.
 
     Example:
     >>> pad_batch([[5, 3], [6, 7, 3]], max_length=64, batch_size=64).shape
     (2, 8)
     """
     longest = max(len(ids) for ids in batch_ids)
-    length = min(max_length, LENGTH_MULTIPLE * math.ceil(longest / LENGTH_MULTIPLE))
-    length = max(length, longest)
+    length = next(
+        (boundary for boundary in default_bucket_boundaries(max_length) if boundary >= longest),
+        longest,
+    )
     rows = max(len(batch_ids), min(batch_size, 2 ** math.ceil(math.log2(len(batch_ids)))))
     padded = np.full((rows, length), PAD_ID, dtype="int32")
     padded[len(batch_ids) :, 0] = EOS_ID
@@ -310,4 +310,4 @@ def _progress_bar(total, enabled):
     return tqdm(total=total, unit="sentence", desc="translating")
 
 
-__all__ = ["Translator", "load_model_and_tokenizer", "pad_batch", "MODEL_FILENAME"]
+__all__ = ["Translator", "load_model_and_tokenizer", "pad_batch"]

@@ -142,35 +142,60 @@ def test_each_sentence_stops_at_its_own_limit_with_eos_then_zeros():
 EXTRA = 2  # max_decode_extra: limits of source length + 2 keep every decode short
 SOURCES = np.array([[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 12, 13]], "int32")
 LIMITS = [3 + EXTRA, 6 + EXTRA]
+BEAMS = dict(beam_size=3, alpha=0.6, return_all_beams=True)
+
+
+def forward(model, encoder_inputs, decoder_inputs):
+    """Teacher-forced logits as NumPy float64.
+
+    JAX runs it as one jitted program (`predict_on_batch`): called eagerly, JAX compiles
+    every op separately for each new shape, which costs seconds per shape here.
+    """
+    inputs = {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs.astype("int32")}
+    if keras.backend.backend() == "jax":
+        return np.asarray(model.predict_on_batch(inputs), "float64")
+    return to_numpy(model(inputs)).astype("float64")
+
+
+def log_softmax(logits):
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def teacher_forced_log_probs(model, sources, tokens):
+    """Summed model log-probabilities of EOS-ended `tokens [N, L]`, and their lengths."""
+    decoder_inputs = np.concatenate([np.full((len(tokens), 1), BOS_ID), tokens[:, :-1]], 1)
+    log_probs = log_softmax(forward(model, sources, decoder_inputs))
+    picked = np.take_along_axis(log_probs, tokens[:, :, None].astype("int64"), -1)[:, :, 0]
+    lengths = np.argmax(tokens == EOS_ID, axis=1) + 1
+    real = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    return np.where(real, picked, 0.0).sum(1), lengths
 
 
 @pytest.fixture(scope="module")
 def decoded():
-    """One tiny model and its greedy and beam decodes of SOURCES, shared by the tests."""
+    """One tiny model, its greedy and beam decodes of SOURCES, and the model's rescoring.
+
+    Returns `(model, (greedy tokens, scores), (beam tokens, scores), (log_probs,
+    lengths))`, the last for the 2 greedy rows then the 6 beam rows, in one forward pass.
+    """
     keras.utils.set_random_seed(7)
     model = kt.build_transformer(tiny_config(max_decode_extra=EXTRA))
     greedy = [to_numpy(x) for x in decoding.greedy_decode(model, SOURCES)]
-    beams = [
-        to_numpy(x)
-        for x in decoding.beam_decode(model, SOURCES, beam_size=3, alpha=0.6, return_all_beams=True)
-    ]
-    return model, greedy, beams
-
-
-def log_softmax(logits):
-    shifted = logits.astype("float64") - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    beams = [to_numpy(x) for x in decoding.beam_decode(model, SOURCES, **BEAMS)]
+    rows = np.concatenate([greedy[0], beams[0].reshape(6, -1)])
+    sources = np.concatenate([SOURCES, np.repeat(SOURCES, 3, axis=0)])
+    return model, greedy, beams, teacher_forced_log_probs(model, sources, rows)
 
 
 def reference_greedy(model, sources, limits, width):
-    """Greedy decoding by calling the full teacher-forced model on the whole prefix."""
+    """Greedy decoding by running the full teacher-forced model over the prefix each step."""
     prefix = np.zeros((len(sources), width), "int32")
     prefix[:, 0] = BOS_ID
     tokens = np.zeros_like(prefix)
     finished = np.zeros(len(sources), bool)
     for i in range(width):
-        logits = to_numpy(model({"encoder_inputs": sources, "decoder_inputs": prefix}))[:, i]
-        log_probs = log_softmax(logits)
+        log_probs = log_softmax(forward(model, sources, prefix)[:, i])
         log_probs[:, [PAD_ID, BOS_ID]] = -np.inf
         for row, limit in enumerate(limits):
             if finished[row]:
@@ -183,39 +208,25 @@ def reference_greedy(model, sources, limits, width):
     return tokens
 
 
-def teacher_forced_log_probs(model, sources, tokens):
-    """Summed model log-probabilities of EOS-ended `tokens [N, L]` and their lengths."""
-    decoder_inputs = np.concatenate([np.full((len(tokens), 1), BOS_ID), tokens[:, :-1]], 1)
-    log_probs = log_softmax(
-        to_numpy(model({"encoder_inputs": sources, "decoder_inputs": decoder_inputs.astype("int32")}))
-    )
-    picked = np.take_along_axis(log_probs, tokens[:, :, None].astype("int64"), -1)[:, :, 0]
-    lengths = np.argmax(tokens == EOS_ID, axis=1) + 1
-    real = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
-    return np.where(real, picked, 0.0).sum(1), lengths
-
-
 def test_cached_greedy_equals_full_recomputation(decoded):
-    model, (tokens, scores), _ = decoded
+    model, (tokens, scores), _, (log_probs, _) = decoded
     width = max(LIMITS)
     assert tokens.shape == (2, width)
     np.testing.assert_array_equal(tokens, reference_greedy(model, SOURCES, LIMITS, width))
     uncached_tokens, uncached_scores = decoding.greedy_decode_uncached(model, SOURCES)
     np.testing.assert_array_equal(to_numpy(uncached_tokens), tokens)
     np.testing.assert_allclose(to_numpy(uncached_scores), scores, atol=1e-5)
-    log_probs, _ = teacher_forced_log_probs(model, SOURCES, tokens)
-    np.testing.assert_allclose(scores, log_probs, atol=1e-4)
+    np.testing.assert_allclose(scores, log_probs[:2], atol=1e-4)
 
 
 def test_beam_hypotheses_are_scored_as_the_model_scores_them(decoded):
-    model, _, (tokens, scores) = decoded
+    _, _, (tokens, scores), (log_probs, lengths) = decoded
+    log_probs, lengths = log_probs[2:], lengths[2:]
     assert tokens.shape == (2, 3, max(LIMITS)) and scores.shape == (2, 3)
     assert np.all(np.isfinite(scores)) and np.all(np.diff(scores, axis=1) <= 0)
-    flat = tokens.reshape(6, -1)
-    log_probs, lengths = teacher_forced_log_probs(model, np.repeat(SOURCES, 3, axis=0), flat)
     # A cache gathered from the wrong beam would score a different prefix than it returns.
     np.testing.assert_allclose(scores.reshape(-1), log_probs / ((5 + lengths) / 6) ** 0.6, atol=1e-4)
-    for row, length in zip(flat, lengths):
+    for row, length in zip(tokens.reshape(6, -1), lengths):
         assert row[length - 1] == EOS_ID and not np.any(row[length:])
         assert EOS_ID not in row[: length - 1] and PAD_ID not in row[:length]
     assert np.all(lengths.reshape(2, 3) <= np.array(LIMITS)[:, None])
@@ -224,14 +235,14 @@ def test_beam_hypotheses_are_scored_as_the_model_scores_them(decoded):
 
 
 def test_beam_of_one_without_length_penalty_is_greedy(decoded):
-    model, (greedy_tokens, greedy_scores), _ = decoded
+    model, (greedy_tokens, greedy_scores), _, _ = decoded
     tokens, scores = decoding.beam_decode(model, SOURCES, beam_size=1, alpha=0.0)
     np.testing.assert_array_equal(to_numpy(tokens), greedy_tokens)
     np.testing.assert_allclose(to_numpy(scores), greedy_scores, atol=1e-5)
 
 
 def test_a_batch_decodes_each_sentence_as_it_decodes_alone(decoded):
-    model, (greedy_tokens, greedy_scores), (beam_tokens, beam_scores) = decoded
+    model, (greedy_tokens, greedy_scores), (beam_tokens, beam_scores), _ = decoded
     for row, limit in enumerate(LIMITS):
         alone = SOURCES[row : row + 1, : np.count_nonzero(SOURCES[row])]
         tokens, scores = (to_numpy(x) for x in decoding.greedy_decode(model, alone))
@@ -240,17 +251,14 @@ def test_a_batch_decodes_each_sentence_as_it_decodes_alone(decoded):
         assert not np.any(greedy_tokens[row, limit:])
         np.testing.assert_allclose(greedy_scores[row], scores[0], atol=1e-5)
 
-        tokens, scores = (
-            to_numpy(x)
-            for x in decoding.beam_decode(model, alone, beam_size=3, alpha=0.6, return_all_beams=True)
-        )
+        tokens, scores = (to_numpy(x) for x in decoding.beam_decode(model, alone, **BEAMS))
         np.testing.assert_array_equal(beam_tokens[row, :, :limit], tokens[0])
         assert not np.any(beam_tokens[row, :, limit:])
         np.testing.assert_allclose(beam_scores[row], scores[0], atol=1e-5)
 
 
 def test_lengths_follow_the_paper_and_the_config(decoded):
-    model, _, _ = decoded
+    model = decoded[0]
     width, limits = decoding.decode_lengths(model, SOURCES)
     assert width == 6 + EXTRA and to_numpy(limits).tolist() == LIMITS
     # Source length + 50 (6.1), capped so BOS + output fits max_length=32 positions.
@@ -261,7 +269,7 @@ def test_lengths_follow_the_paper_and_the_config(decoded):
 
 
 def test_bad_arguments_are_refused_with_clear_messages(decoded):
-    model, _, _ = decoded
+    model = decoded[0]
     with pytest.raises(ValueError, match=r"`beam_size` must be a positive integer. Received: beam_size=0"):
         decoding.beam_decode(model, SOURCES, beam_size=0)
     with pytest.raises(ValueError, match=r"`alpha` must be a number >= 0. Received: alpha=-1"):
@@ -277,23 +285,25 @@ def test_bad_arguments_are_refused_with_clear_messages(decoded):
 
 
 def test_compiled_decoder_traces_once_per_shape_and_sees_new_weights(decoded):
-    model, _, (beam_tokens, beam_scores) = decoded
-    decoder = CompiledDecoder(model, "beam", beam_size=3, alpha=0.6, return_all_beams=True)
+    model, _, (beam_tokens, beam_scores), _ = decoded
+    decoder = CompiledDecoder(model, "beam", **BEAMS)
     tokens, scores = decoder(SOURCES)
     np.testing.assert_array_equal(to_numpy(tokens), beam_tokens)
     np.testing.assert_allclose(to_numpy(scores), beam_scores, atol=1e-5)
 
     other = np.array([[9, 8, 7, 6, 0, 0], [4, 5, 0, 0, 0, 0]], "int32")  # same bucket shape
+    _, old_scores = decoder(other)
     embedding = model.get_layer("token_embedding").weights[0]
     original = to_numpy(embedding)
     try:
-        embedding.assign(original * 3.0)
+        embedding.assign(original * 3.0)  # weights baked in as constants would not see this
         tokens, scores = decoder(other)
-        expected = decoding.beam_decode(model, other, beam_size=3, alpha=0.6, return_all_beams=True)
+        expected = decoding.beam_decode(model, other, **BEAMS)
     finally:
         embedding.assign(original)
     np.testing.assert_array_equal(to_numpy(tokens), to_numpy(expected[0]))
     np.testing.assert_allclose(to_numpy(scores), to_numpy(expected[1]), atol=1e-5)
+    assert np.abs(to_numpy(scores) - to_numpy(old_scores)).max() > 1e-2
     if keras.backend.backend() == "torch":
         assert decoder.trace_count == 0  # eager by design: nothing is traced
     else:
@@ -305,19 +315,19 @@ def test_decoding_traces_in_a_tf_function_with_dynamic_batch_and_length(decoded)
         pytest.skip("tf.function with an input_signature (the SavedModel path) is TensorFlow only")
     import tensorflow as tf
 
-    model, _, (beam_tokens, beam_scores) = decoded
+    model, _, (beam_tokens, beam_scores), _ = decoded
     traces = []
 
     def decode(ids):
         traces.append(ids.shape)  # runs only while tracing
-        return decoding.beam_decode(model, ids, beam_size=3, alpha=0.6, return_all_beams=True)
+        return decoding.beam_decode(model, ids, **BEAMS)
 
     beam = tf.function(decode, input_signature=[tf.TensorSpec([None, None], tf.int32)])
     tokens, scores = beam(SOURCES)
     np.testing.assert_array_equal(tokens.numpy(), beam_tokens)
     np.testing.assert_allclose(scores.numpy(), beam_scores, atol=1e-5)
     tokens, scores = beam(SOURCES[1:, :4])  # another batch size and source length
-    expected = decoding.beam_decode(model, SOURCES[1:, :4], beam_size=3, alpha=0.6, return_all_beams=True)
+    expected = decoding.beam_decode(model, SOURCES[1:, :4], **BEAMS)
     np.testing.assert_array_equal(tokens.numpy(), to_numpy(expected[0]))
     np.testing.assert_allclose(scores.numpy(), to_numpy(expected[1]), atol=1e-5)
     assert [shape.as_list() for shape in traces] == [[None, None]]  # one trace served both

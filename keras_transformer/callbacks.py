@@ -1,0 +1,358 @@
+"""Training callbacks: logs, checkpoints that keep the last K, resuming, BLEU, samples.
+
+`default_callbacks(model_dir, ...)` is the set a training run uses, in the order that
+matters: callbacks that add values to the epoch's `logs` (learning rate, validation
+BLEU) come before the ones that write `logs` out (CSV, TensorBoard), because Keras
+hands every callback the same dict in list order.
+"""
+
+import importlib.util
+import os
+import random
+import time
+import warnings
+
+import keras
+
+from keras_transformer import model_directory
+from keras_transformer.checkpoints import prune_checkpoints
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds the optimizer's current learning rate to the epoch logs as `learning_rate`.
+
+    The value is the schedule at the optimizer's iteration count when the epoch ends
+    (the rate of the next update), read through a `LossScaleOptimizer` if there is
+    one. Put it before `CSVLogger` / `TensorBoard` so they record it.
+
+    Example:
+    >>> model.fit(batches, callbacks=[LearningRateLogger(), keras.callbacks.CSVLogger("log.csv")])
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = current_learning_rate(self.model.optimizer)
+
+
+def current_learning_rate(optimizer):
+    """The learning rate the optimizer applies at its current iteration, as a float."""
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops training once `seconds` of wall-clock time have passed since `fit` began.
+
+    Checked after every batch, so training stops within one step of the budget; the
+    epoch then ends as usual (validation, checkpoint, logs). Also checked at the end
+    of each epoch, so that a budget spent exactly then does not start another one.
+
+    Args:
+        seconds: float > 0, the budget.
+
+    Attributes:
+        stopped_early: bool, whether the budget ended training.
+    """
+
+    def __init__(self, seconds):
+        super().__init__()
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"`seconds` must be a positive number. Received: seconds={seconds!r}")
+        self.seconds = float(seconds)
+        self.stopped_early = False
+        self._start = None
+
+    def on_train_begin(self, logs=None):
+        self._start = time.monotonic()
+        self.stopped_early = False
+
+    def _check(self):
+        if time.monotonic() - self._start >= self.seconds:
+            self.model.stop_training = True
+            self.stopped_early = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._check()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check()
+
+
+class KeepLastCheckpoints(keras.callbacks.ModelCheckpoint):
+    """Saves the weights every epoch and deletes all but the newest `keep` files.
+
+    Keras' `ModelCheckpoint` never deletes; the paper averages the last 5 (base) or 20
+    (big) checkpoints (section 6.1), so only those are kept. Files are
+    `directory/epoch_001.weights.h5`, `epoch_002...` (1-based epochs).
+
+    Args:
+        directory: str, where the files go (created if needed).
+        keep: int >= 1, how many of the newest files to keep.
+        **kwargs: passed to `keras.callbacks.ModelCheckpoint` (not `filepath`).
+    """
+
+    def __init__(self, directory, keep=5, **kwargs):
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"`keep` must be a positive integer. Received: keep={keep!r}")
+        kwargs.setdefault("save_weights_only", True)
+        super().__init__(os.path.join(directory, model_directory.CHECKPOINT_PATTERN), **kwargs)
+        self.directory = directory
+        self.keep = keep
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        prune_checkpoints(self.directory, self.keep)
+
+
+class _TranslationCallback(keras.callbacks.Callback):
+    """Shared by the BLEU and sample callbacks: a fixed sample, a reused decoder."""
+
+    def __init__(self, pairs, tokenizer, every_n_epochs, num_samples, seed, batch_size, decode, jit_compile):
+        super().__init__()
+        pairs = list(pairs)
+        if not pairs:
+            raise ValueError("Expected at least one (source, reference) pair. Received: none")
+        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
+            raise ValueError(
+                f"`every_n_epochs` must be a positive integer. Received: every_n_epochs={every_n_epochs!r}"
+            )
+        if num_samples is not None and num_samples < len(pairs):
+            pairs = random.Random(seed).sample(pairs, num_samples)
+        self.pairs = pairs
+        self.tokenizer = tokenizer
+        self.every_n_epochs = every_n_epochs
+        self.batch_size = batch_size
+        self.decode = decode
+        self.jit_compile = jit_compile
+        self._translator = None
+        self._first_epoch = None
+
+    def on_train_begin(self, logs=None):
+        self._first_epoch = None
+
+    def _due(self, epoch):
+        # The first epoch of a fit always runs, so the key is in the CSV header.
+        if self._first_epoch is None:
+            self._first_epoch = epoch
+        return epoch == self._first_epoch or (epoch + 1) % self.every_n_epochs == 0
+
+    def _translate(self):
+        from keras_transformer.evaluation import make_translator
+
+        if self._translator is None or self._translator.model is not self.model:
+            self._translator = make_translator(
+                self.model,
+                self.tokenizer,
+                self.decode,
+                batch_size=self.batch_size,
+                jit_compile=self.jit_compile,
+            )
+        return self._translator.translate([source for source, _ in self.pairs])
+
+
+class BleuCallback(_TranslationCallback):
+    """Logs `val_bleu`: sacreBLEU of greedy translations of a validation sample.
+
+    Every `every_n_epochs` epochs (and at the first epoch of each `fit`, so the CSV log
+    has the column), translates a fixed random sample of `num_samples` validation pairs
+    with compiled greedy decoding, detokenizes, and adds the corpus BLEU (sacreBLEU's
+    default 13a tokenization, 0-100) to the epoch logs, where `CSVLogger`,
+    `TensorBoard` and `ModelCheckpoint(monitor="val_bleu")` see it.
+
+    Args:
+        validation_pairs: list of `(source, reference)` str pairs.
+        tokenizer: the `SubwordTokenizer`.
+        every_n_epochs: int, default 1.
+        num_samples: int, pairs sampled once (seeded); None uses them all. Default 200.
+        seed: int, seed of the sample. Default 0.
+        batch_size: int, sentences per decoder call. Default 64.
+        decode: `"greedy"` (default) or `"beam"`.
+        jit_compile: bool, compile the search with XLA on TensorFlow (default True).
+
+    Attributes:
+        last_translations: list of str, the hypotheses of the last evaluation.
+    """
+
+    def __init__(
+        self,
+        validation_pairs,
+        tokenizer,
+        every_n_epochs=1,
+        num_samples=200,
+        seed=0,
+        batch_size=64,
+        decode="greedy",
+        jit_compile=True,
+    ):
+        super().__init__(
+            validation_pairs, tokenizer, every_n_epochs, num_samples, seed, batch_size, decode, jit_compile
+        )
+        self.last_translations = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._due(epoch):
+            return
+        from keras_transformer.evaluation import score_translations
+
+        self.last_translations = self._translate()
+        scores = score_translations(self.last_translations, [ref for _, ref in self.pairs])
+        if logs is not None:
+            logs["val_bleu"] = scores["bleu"]
+
+
+class SampleTranslations(_TranslationCallback):
+    """Prints a few validation sources, their references and the model's translations.
+
+    Every `every_n_epochs` epochs, for a fixed sample of `num_samples` pairs, prints
+    `source`, `reference` and the greedy `output`, marking outputs equal to the
+    reference. Nothing is added to the logs.
+
+    Args:
+        validation_pairs: list of `(source, reference)` str pairs.
+        tokenizer: the `SubwordTokenizer`.
+        every_n_epochs: int, default 1.
+        num_samples: int, default 3.
+        seed: int, default 1 (a different sample from `BleuCallback`'s).
+        print_fn: callable taking a str; default `print`.
+        decode: `"greedy"` (default) or `"beam"`.
+        jit_compile: bool, compile the search with XLA on TensorFlow (default True).
+    """
+
+    def __init__(
+        self,
+        validation_pairs,
+        tokenizer,
+        every_n_epochs=1,
+        num_samples=3,
+        seed=1,
+        print_fn=print,
+        decode="greedy",
+        jit_compile=True,
+    ):
+        super().__init__(
+            validation_pairs, tokenizer, every_n_epochs, num_samples, seed, 8, decode, jit_compile
+        )
+        self.print_fn = print_fn
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._due(epoch):
+            return
+        lines = [f"Sample translations after epoch {epoch + 1}:"]
+        for (source, reference), output in zip(self.pairs, self._translate()):
+            mark = "=" if output.strip() == reference.strip() else "x"
+            lines += [f"  source:    {source}", f"  reference: {reference}", f"  output:  {mark} {output}"]
+        self.print_fn("\n".join(lines))
+
+
+def default_callbacks(
+    model_dir,
+    *,
+    keep_checkpoints=5,
+    validation_pairs=None,
+    tokenizer=None,
+    bleu_every_epochs=1,
+    bleu_samples=200,
+    sample_translations=3,
+    max_train_seconds=None,
+    tensorboard=True,
+    jit_compile=True,
+):
+    """The callbacks of a training run, writing into `model_dir`.
+
+    In order: `TimeBudget` (if `max_train_seconds`), `TerminateOnNaN`,
+    `LearningRateLogger`, `BleuCallback` and `SampleTranslations` (if validation pairs
+    and a tokenizer are given, and their counts are > 0), `KeepLastCheckpoints`
+    (`checkpoints/epoch_NNN.weights.h5`, the last `keep_checkpoints`; none if 0),
+    `BackupAndRestore` (`backup/`: a killed run, started again with the same
+    `model_dir`, resumes at the epoch after the last one finished; deleted once `fit`
+    completes), `CSVLogger` (`training_log.csv`, appended to when resuming) and
+    `TensorBoard` (`logs/`; skipped with a warning if TensorBoard is not installed).
+
+    Args:
+        model_dir: str, the run's directory (see `keras_transformer.model_directory`).
+        keep_checkpoints: int >= 0. Default 5 (the paper averages the last 5).
+        validation_pairs: optional list of `(source, reference)` pairs for BLEU/samples.
+        tokenizer: optional `SubwordTokenizer`, needed with `validation_pairs`.
+        bleu_every_epochs: int >= 0; 0 disables the BLEU callback. Default 1.
+        bleu_samples: int, validation pairs translated for BLEU. Default 200.
+        sample_translations: int >= 0, sentences printed each time. Default 3.
+        max_train_seconds: optional float, wall-clock budget of `fit`.
+        tensorboard: bool, write TensorBoard logs. Default True.
+        jit_compile: bool, XLA for the BLEU / sample decoders on TensorFlow. Default True.
+
+    Returns:
+        list of `keras.callbacks.Callback`.
+
+    Example:
+    >>> model.fit(batches, epochs=10, callbacks=default_callbacks("saved_models/run"))
+    """
+    model_dir = os.fspath(model_dir)
+    os.makedirs(model_dir, exist_ok=True)  # CSVLogger opens its file before any epoch
+    if validation_pairs is not None and tokenizer is None:
+        raise ValueError("`tokenizer` is required with `validation_pairs`. Received: tokenizer=None")
+    callbacks = []
+    if max_train_seconds:
+        callbacks.append(TimeBudget(max_train_seconds))
+    callbacks += [keras.callbacks.TerminateOnNaN(), LearningRateLogger()]
+    if validation_pairs:
+        if bleu_every_epochs:
+            callbacks.append(
+                BleuCallback(
+                    validation_pairs,
+                    tokenizer,
+                    bleu_every_epochs,
+                    num_samples=bleu_samples,
+                    jit_compile=jit_compile,
+                )
+            )
+        if sample_translations:
+            callbacks.append(
+                SampleTranslations(
+                    validation_pairs,
+                    tokenizer,
+                    max(bleu_every_epochs, 1),
+                    num_samples=sample_translations,
+                    jit_compile=jit_compile,
+                )
+            )
+    if keep_checkpoints:
+        callbacks.append(
+            KeepLastCheckpoints(
+                os.path.join(model_dir, model_directory.CHECKPOINT_DIR), keep=keep_checkpoints
+            )
+        )
+    backup_dir = os.path.join(model_dir, model_directory.BACKUP_DIR)
+    resuming = os.path.isdir(backup_dir)
+    callbacks.append(keras.callbacks.BackupAndRestore(backup_dir))
+    callbacks.append(
+        keras.callbacks.CSVLogger(
+            os.path.join(model_dir, model_directory.CSV_LOG_FILE), append=resuming
+        )
+    )
+    if tensorboard and _tensorboard_installed():
+        callbacks.append(
+            keras.callbacks.TensorBoard(os.path.join(model_dir, model_directory.TENSORBOARD_DIR))
+        )
+    return callbacks
+
+
+def _tensorboard_installed():
+    """Whether `tf.summary` can write: TensorFlow >= 2.20 no longer installs TensorBoard."""
+    if importlib.util.find_spec("tensorboard") is not None:
+        return True
+    warnings.warn(
+        "TensorBoard is not installed, so no TensorBoard logs are written "
+        "(pip install tensorboard); the CSV log and the PNG curves are.",
+        stacklevel=3,
+    )
+    return False
+
+
+__all__ = [
+    "LearningRateLogger",
+    "TimeBudget",
+    "KeepLastCheckpoints",
+    "BleuCallback",
+    "SampleTranslations",
+    "default_callbacks",
+    "current_learning_rate",
+]

@@ -1,0 +1,453 @@
+"""The distributed engine for a run: `tf.distribute` on TensorFlow, `keras.distribution` on JAX.
+
+`distribution_scope(name)` picks an engine that already exists and enters its scope;
+build, compile and fit the model inside it. Nothing here distributes by hand.
+
+| name | TensorFlow | JAX | PyTorch |
+|---|---|---|---|
+| "auto" | TPU if one resolves, else multi-worker if `TF_CONFIG` lists several workers, else mirrored if several GPUs, else the default strategy | `DataParallel` if several devices, else none | one device |
+| "default" | default strategy (one device) | none (one device) | one device |
+| "data_parallel" | multi-worker if `TF_CONFIG` lists several workers, else mirrored | `DataParallel` | error |
+| "mirrored" | `MirroredStrategy` (all GPUs, or `devices`) | error | error |
+| "multi_worker" | `MultiWorkerMirroredStrategy` from `TF_CONFIG` | error | error |
+| "tpu" | `TPUStrategy` (`TPUClusterResolver`) | error ("auto" uses TPUs) | error |
+| "model_parallel" | error | `ModelParallel`, big matrices sharded | error |
+
+The batch is global: `model.fit` under `tf.distribute` splits each batch of the dataset
+across the replicas (`experimental_distribute_dataset`, checked for the token-budget
+batches of `data.make_dataset`, whose batch size varies), and JAX shards each batch
+over the devices. So the pipeline's `tokens_per_batch` is the global budget and is not
+divided by hand. JAX needs every batch divisible by the number of replicas:
+`pad_batches_for_replicas` pads a batch with all-padding rows, which the loss ignores.
+"""
+
+import contextlib
+import functools
+import json
+import math
+import os
+import warnings
+
+import keras
+
+from keras_transformer.special_tokens import PAD_ID
+
+STRATEGY_NAMES = (
+    "auto",
+    "default",
+    "data_parallel",
+    "mirrored",
+    "multi_worker",
+    "tpu",
+    "model_parallel",
+)
+_SUPPORTED = {
+    "tensorflow": ("auto", "default", "data_parallel", "mirrored", "multi_worker", "tpu"),
+    "jax": ("auto", "default", "data_parallel", "model_parallel"),
+    "torch": ("auto", "default"),
+}
+# Environment variables that say a TPU is there to resolve (Cloud TPU VM, TPU node, Colab).
+_TPU_ENVIRONMENT = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS")
+_MODEL_AXIS = "model"
+_BATCH_AXIS = "batch"
+
+
+@contextlib.contextmanager
+def distribution_scope(strategy=None, *, config=None, devices=None, model_parallel_size=None, tpu=None):
+    """Enters the scope of the engine chosen by `strategy` and yields that engine.
+
+    Build, compile and fit the model inside the scope: `tf.distribute` places the
+    variables when they are created, and `keras.distribution` (set globally by the
+    scope, and restored on exit) lays out variables and batches. The engine is chosen
+    by `select_strategy`; an engine already made (`tf.distribute.Strategy` or
+    `keras.distribution.DataParallel` / `ModelParallel`) is used as it is. On one device the scope does
+    nothing and yields the default strategy (TensorFlow) or None (JAX, PyTorch).
+    Enter it first: `MultiWorkerMirroredStrategy` must be created before TensorFlow runs
+    any op, and JAX variables take their layout when they are created.
+
+    Args:
+        strategy: str name (see `STRATEGY_NAMES` and the module docstring), an engine,
+            or None for "auto".
+        config: `TransformerConfig`; needed by "model_parallel" (for its layout map).
+        devices: optional list of device names ("/gpu:0" on TensorFlow, "gpu:0" on JAX)
+            for "mirrored" / "data_parallel" / "model_parallel"; defaults to all.
+        model_parallel_size: int, devices along the model axis for "model_parallel";
+            defaults to all devices (no data parallelism).
+        tpu: TPU name or address for "tpu"; defaults to the environment's TPU.
+
+    Example:
+
+    ```python
+    with distribution_scope("auto", config=config) as engine:
+        model = build_transformer(config)
+        model.compile(optimizer=..., loss=LabelSmoothedCrossEntropy())
+        model.fit(dataset)  # the global batch, split over num_replicas(engine)
+    ```
+    """
+    engine = select_strategy(
+        strategy, config=config, devices=devices, model_parallel_size=model_parallel_size, tpu=tpu
+    )
+    with engine.scope() if engine is not None else contextlib.nullcontext():
+        yield engine
+
+
+def select_strategy(name=None, *, config=None, devices=None, model_parallel_size=None, tpu=None):
+    """The engine for `name` on the current Keras backend (see `distribution_scope`).
+
+    Returns a `tf.distribute.Strategy` on TensorFlow; a `keras.distribution.DataParallel`,
+    `ModelParallel` or None (one device) on JAX; None on PyTorch. Raises `ValueError` for an unknown
+    name or one the backend cannot run, naming what it can.
+
+    Example:
+
+    ```python
+    engine = select_strategy("mirrored", devices=["/gpu:0", "/gpu:1"])
+    num_replicas(engine)  # 2
+    ```
+    """
+    if name is None:
+        name = "auto"
+    if not isinstance(name, str):
+        if _is_engine(name):
+            return name
+        raise ValueError(
+            "`strategy` must be a name, a tf.distribute.Strategy or a "
+            f"keras.distribution.DataParallel / ModelParallel. Received: strategy={name!r}"
+        )
+    if name not in STRATEGY_NAMES:
+        raise ValueError(f"Unknown strategy {name!r}. Expected one of {STRATEGY_NAMES}.")
+    backend = keras.backend.backend()
+    supported = _SUPPORTED.get(backend, ("auto", "default"))
+    if name not in supported:
+        raise ValueError(_unsupported_message(name, backend, supported))
+    if backend == "tensorflow":
+        return _tensorflow_strategy(name, devices, tpu)
+    if backend == "jax":
+        return _jax_distribution(name, config, devices, model_parallel_size)
+    return _single_device(backend)
+
+
+def num_replicas(engine):
+    """How many ways each batch is split: data-parallel replicas of `engine` (None: 1)."""
+    if engine is None:
+        return 1
+    if hasattr(engine, "num_replicas_in_sync"):  # tf.distribute.Strategy
+        return int(engine.num_replicas_in_sync)
+    if _is_keras_distribution(engine):
+        return int(engine.num_model_replicas)
+    raise ValueError(f"Expected an engine from select_strategy. Received: {engine!r}")
+
+
+def describe(engine):
+    """One line saying what `engine` runs on, for logs: "MirroredStrategy, 2 replicas: ..."."""
+    if engine is None:
+        return f"one device ({keras.backend.backend()} backend)"
+    if hasattr(engine, "num_replicas_in_sync"):
+        try:
+            devices = ", ".join(engine.extended.worker_devices)
+        except RuntimeError:  # the default strategy lists no devices
+            return "default strategy (one device, tensorflow backend)"
+        return f"{type(engine).__name__}, {engine.num_replicas_in_sync} replicas: {devices}"
+    mesh = engine.device_mesh
+    axes = ", ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.shape))
+    devices = ", ".join(str(device) for device in mesh.devices.flatten())
+    return f"{type(engine).__name__}, mesh ({axes}): {devices}"
+
+
+def is_chief():
+    """True in the one process that writes logs, checkpoints to keep, and exports.
+
+    From `TF_CONFIG` when it is set (the "chief" task, or worker 0 of a cluster with no
+    chief); else, on JAX, process 0 of `jax.process_count()`; else True (one process).
+    """
+    tf_config = _tf_config()
+    if tf_config:
+        task = tf_config.get("task") or {}
+        cluster = tf_config.get("cluster") or {}
+        task_type, index = task.get("type"), int(task.get("index", 0))
+        if task_type is None or task_type in ("chief", "master"):
+            return True
+        has_chief = "chief" in cluster or "master" in cluster
+        return task_type == "worker" and index == 0 and not has_chief
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.process_index() == 0
+    return True
+
+
+def global_to_replica_batch(global_batch, replicas):
+    """The largest share of a global batch (examples or tokens) one replica receives.
+
+    `tf.distribute` splits a batch of `global_batch` rows into `replicas` parts of
+    `ceil(global_batch / replicas)` or one fewer; JAX needs it to divide evenly. For
+    planning memory and logs: the dataset itself keeps the global budget.
+
+    Example:
+
+    ```python
+    global_to_replica_batch(25000, 4)  # 6250 tokens per replica
+    ```
+    """
+    for name, value in (("global_batch", global_batch), ("replicas", replicas)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    if global_batch < replicas:
+        raise ValueError(
+            f"A global batch of {global_batch} cannot feed {replicas} replicas: some would "
+            "get nothing. Raise the batch (tokens_per_batch) or use fewer replicas."
+        )
+    return math.ceil(global_batch / replicas)
+
+
+def pad_batches_for_replicas(dataset, replicas, pad_id=PAD_ID):
+    """Pads each batch of `dataset` with all-`pad_id` rows up to a multiple of `replicas`.
+
+    JAX shards a batch evenly over the devices and refuses a batch size that does not
+    divide (the token-budget batches vary in size, and an epoch's last batch is short).
+    The added rows are padding everywhere, labels included, so the loss and the metrics
+    (which ignore padding labels) are unchanged. With `replicas == 1` the dataset is
+    returned as is.
+
+    Args:
+        dataset: `tf.data.Dataset` of batches (any nest of tensors with a batch axis).
+        replicas: int, e.g. `num_replicas(engine)`.
+        pad_id: the value of the added rows. Defaults to `PAD_ID` (0).
+    """
+    import tensorflow as tf
+
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas <= 0:
+        raise ValueError(f"`replicas` must be a positive integer. Received: replicas={replicas!r}")
+    if replicas == 1:
+        return dataset
+
+    def pad(*batch):
+        batch = batch[0] if len(batch) == 1 else batch
+        size = tf.shape(tf.nest.flatten(batch)[0])[0]
+        extra = (-size) % replicas
+
+        def pad_one(tensor):
+            paddings = [[0, extra]] + [[0, 0]] * (tensor.shape.rank - 1)
+            return tf.pad(tensor, paddings, constant_values=tf.cast(pad_id, tensor.dtype))
+
+        return tf.nest.map_structure(pad_one, batch)
+
+    return dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def transformer_layout_map(config, device_mesh, model_axis=_MODEL_AXIS):
+    """`keras.distribution.LayoutMap` that shards the Transformer's large matrices.
+
+    Megatron-style: the query/key/value projections and the first FFN matrix are split
+    by output columns (whole heads per device), the attention output projection and
+    the second FFN matrix by input rows, so each block needs one reduction. Embedding
+    matrices are split along `d_model`, not the vocabulary, so any vocabulary size
+    divides. Layer norms and the remaining biases are replicated.
+
+    Args:
+        config: `TransformerConfig` of the model.
+        device_mesh: `keras.distribution.DeviceMesh` with an axis named `model_axis`.
+        model_axis: str, the mesh axis to shard over. Defaults to "model".
+    """
+    if model_axis not in device_mesh.axis_names:
+        raise ValueError(
+            f"The device mesh has no axis {model_axis!r}. Received: axis_names={device_mesh.axis_names}"
+        )
+    size = device_mesh.shape[list(device_mesh.axis_names).index(model_axis)]
+    for name in ("d_model", "d_ff", "num_heads"):
+        if getattr(config, name) % size:
+            raise ValueError(
+                f"`{name}` must be divisible by the model-parallel size {size} to shard "
+                f"the matrices evenly. Received: {name}={getattr(config, name)}"
+            )
+    columns, rows = (None, model_axis), (model_axis, None)
+    layout_map = keras.distribution.LayoutMap(device_mesh)
+    layout_map[r".*token_embedding/embeddings"] = columns
+    layout_map[r"output_projection/kernel"] = rows
+    layout_map[r".*_attention/(query|key|value)/kernel"] = columns
+    layout_map[r".*_attention/(query|key|value)/bias"] = (model_axis,)
+    layout_map[r".*_attention/attention_output/kernel"] = rows
+    layout_map[r".*feed_forward/intermediate_dense/kernel"] = columns
+    layout_map[r".*feed_forward/intermediate_dense/bias"] = (model_axis,)
+    layout_map[r".*feed_forward/output_dense/kernel"] = rows
+    return layout_map
+
+
+# ------------------------------------------------------------------ internals
+def _is_keras_distribution(value):
+    # keras.distribution exports its subclasses, not their base class.
+    return isinstance(value, (keras.distribution.DataParallel, keras.distribution.ModelParallel))
+
+
+def _is_engine(value):
+    if _is_keras_distribution(value):
+        return True
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return isinstance(value, tf.distribute.Strategy)
+    return False
+
+
+def _unsupported_message(name, backend, supported):
+    if backend == "torch":
+        return (
+            f"The PyTorch backend runs on a single device: Keras 3 has no multi-device "
+            f"engine for model.fit on PyTorch (keras.distribution supports JAX, tf.distribute "
+            f"needs TensorFlow). Received: strategy={name!r}. Use strategy='auto' or "
+            "'default' here, or KERAS_BACKEND=jax (data_parallel, model_parallel) or "
+            "KERAS_BACKEND=tensorflow (mirrored, multi_worker, tpu)."
+        )
+    hint = {
+        ("jax", "mirrored"): "use 'data_parallel' (keras.distribution.DataParallel)",
+        ("jax", "tpu"): "'auto' and 'data_parallel' use the TPU devices JAX sees",
+        ("jax", "multi_worker"): (
+            "call keras.distribution.initialize() in every process, then use 'data_parallel'"
+        ),
+        ("tensorflow", "model_parallel"): "ModelParallel needs KERAS_BACKEND=jax",
+    }.get((backend, name), "")
+    return (
+        f"Strategy {name!r} is not available on the {backend} backend"
+        + (f": {hint}" if hint else "")
+        + f". Expected one of {supported}."
+    )
+
+
+def _single_device(backend):
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+            warnings.warn(
+                f"{torch.cuda.device_count()} GPUs are visible but the PyTorch backend "
+                "trains on one; use KERAS_BACKEND=jax or tensorflow to use them all.",
+                stacklevel=3,
+            )
+    return None
+
+
+def _tf_config():
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({error}). Received: {raw!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object. Received: {raw!r}")
+    return value
+
+
+def _num_tf_config_workers():
+    cluster = _tf_config().get("cluster") or {}
+    return sum(len(cluster.get(kind, ())) for kind in ("chief", "master", "worker"))
+
+
+def _tensorflow_strategy(name, devices, tpu):
+    import tensorflow as tf
+
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "tpu":
+        return _tpu_strategy(tpu)
+    if name == "multi_worker":
+        if not _tf_config():
+            raise ValueError(
+                "strategy='multi_worker' reads the cluster from the TF_CONFIG environment "
+                "variable, which is not set. See docs/scaling_out.md for an example."
+            )
+        return _multi_worker_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "auto" and tpu is not None:
+        return _tpu_strategy(tpu)
+    if name == "auto" and any(os.environ.get(key) for key in _TPU_ENVIRONMENT):
+        try:
+            return _tpu_strategy(None)
+        except ValueError:  # the environment names no TPU that this process can reach
+            pass
+    # "auto" without a TPU, and "data_parallel".
+    if _num_tf_config_workers() > 1:
+        return _multi_worker_strategy()
+    if name == "data_parallel" or devices:
+        return tf.distribute.MirroredStrategy(devices)
+    if len(tf.config.list_logical_devices("GPU")) > 1:
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def _tpu_strategy(tpu):
+    import tensorflow as tf
+
+    if tpu is None and os.environ.get("TPU_ACCELERATOR_TYPE") and not os.environ.get("TPU_NAME"):
+        tpu = "local"  # a Cloud TPU VM: the TPU is attached to this host
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def _multi_worker_strategy():
+    return _keras_multi_worker_strategy_class()()
+
+
+@functools.lru_cache(maxsize=None)
+def _keras_multi_worker_strategy_class():
+    import tensorflow as tf
+
+    class KerasMultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        """`MultiWorkerMirroredStrategy` whose `reduce` takes what Keras 3's `fit` passes.
+
+        Keras 3.15's TensorFlow trainer calls `strategy.reduce` on a nest (the first
+        batch, to build the model: keras-team/keras#20329) and with `axis=0` on the
+        scalar logs ("auto" reduction); the collective strategy handles neither and
+        `fit` fails on the first step. This reduces each leaf of a nest, and scalars
+        across replicas without an axis, which is what Keras asks for; everything
+        else is TensorFlow's own collective reduction.
+        """
+
+        def reduce(self, reduce_op, value, axis):
+            parent = super()
+
+            def reduce_leaf(leaf):
+                local = (
+                    self.experimental_local_results(leaf)[0]
+                    if isinstance(leaf, tf.distribute.DistributedValues)
+                    else leaf
+                )
+                leaf_axis = None if axis is not None and local.shape.rank == 0 else axis
+                return parent.reduce(reduce_op, leaf, leaf_axis)
+
+            return tf.nest.map_structure(reduce_leaf, value)
+
+    return KerasMultiWorkerMirroredStrategy
+
+
+def _jax_distribution(name, config, devices, model_parallel_size):
+    distribution = keras.distribution
+    if name == "default":
+        return None
+    devices = list(devices) if devices else distribution.list_devices()
+    if name == "auto":
+        return distribution.DataParallel(devices=devices) if len(devices) > 1 else None
+    if name == "data_parallel":
+        return distribution.DataParallel(devices=devices)
+    # "model_parallel"
+    if config is None:
+        raise ValueError(
+            "strategy='model_parallel' needs the model's `config` to lay out its matrices. "
+            "Received: config=None"
+        )
+    size = len(devices) if model_parallel_size is None else model_parallel_size
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or len(devices) % size:
+        raise ValueError(
+            f"`model_parallel_size` must be a positive divisor of the {len(devices)} devices. "
+            f"Received: model_parallel_size={model_parallel_size!r}"
+        )
+    mesh = distribution.DeviceMesh(
+        shape=(len(devices) // size, size), axis_names=(_BATCH_AXIS, _MODEL_AXIS), devices=devices
+    )
+    return distribution.ModelParallel(
+        layout_map=transformer_layout_map(config, mesh), batch_dim_name=_BATCH_AXIS
+    )

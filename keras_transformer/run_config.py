@@ -1,0 +1,322 @@
+"""`RunConfig`: everything a training run needs besides the model, read from TOML.
+
+A run is a model (a `TransformerConfig` preset plus overrides, in the `[model]` table),
+a corpus, a tokenizer, and how long and where to train. Configs live in
+`training/configs/*.toml` and are read with the standard library's `tomllib`; the
+command line changes single values with `--set key=value` (`--set model.d_model=256`),
+each parsed by the type of the field it sets. An unknown key is an error naming it, so
+a typo never silently trains the default.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import tomllib
+import types
+import typing
+
+from keras_transformer.config import TransformerConfig
+
+CORPORA = ("demo", "files", "tsv", "tfds")
+TOKENIZER_MODEL_TYPES = ("unigram", "bpe")
+DECODE_METHODS = ("beam", "greedy")
+_JIT_COMPILE_VALUES = ("auto", True, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One training run: model, data, tokenizer, budget and outputs.
+
+    Frozen: make variants with `replace(**changes)` or `with_overrides(["key=value"])`.
+    Validated on construction (and the model config is built once, so a bad `[model]`
+    value fails here, not after the corpus is read); a bad value raises `ValueError`
+    naming the field. Zero means "no limit" for `max_train_seconds`, `steps_per_epoch`
+    and `max_train_pairs`, because TOML has no null.
+
+    Example:
+    >>> config = RunConfig.from_toml("training/configs/demo.toml", ["epochs=2"])
+    >>> config.model_config().d_model
+    128
+    """
+
+    name: str = "run"  # the model directory is output_dir/name
+
+    # Model: a preset of keras_transformer.config.PRESETS plus overrides ([model] table).
+    preset: str = "tiny"
+    model: dict = dataclasses.field(default_factory=dict)
+
+    # Data. corpus "demo": the built-in generated corpus; "files": data_dir/{split}.{lang};
+    # "tsv": data_dir/{split}.tsv (source, target columns); "tfds": tfds_name splits.
+    corpus: str = "demo"
+    data_dir: str = ""
+    source_lang: str = "en"
+    target_lang: str = "de"
+    train_split: str = "train"
+    validation_split: str = "validation"
+    test_split: str = "test"  # "" when the corpus has none
+    tfds_name: str = ""
+    demo_num_train: int = 50_000
+    demo_seed: int = 0
+    max_train_pairs: int = 0  # keep the first N training pairs; 0 keeps all
+
+    # Tokenizer: one sentencepiece vocabulary for both languages (section 5.1).
+    vocab_size: int = 8000
+    tokenizer_model_type: str = "bpe"  # the paper's byte-pair encoding
+    tokenizer_split_digits: bool = False  # one piece per digit: numbers are copied digit by digit
+    tokenizer_max_sentences: int = 2_000_000  # cap on sentences fed to sentencepiece
+
+    # Training.
+    epochs: int = 10
+    max_train_seconds: float = 0.0  # wall-clock budget of model.fit; 0: none
+    steps_per_epoch: int = 0  # 0: one pass over the training data
+    seed: int = 0
+    strategy: str = ""  # keras_transformer.distribute strategy name; "": the default
+    jit_compile: typing.Union[str, bool] = "auto"
+    steps_per_execution: int = 1
+    verbose: int = 1  # Keras' progress bar (1), one line per epoch (2), silent (0)
+
+    # Outputs and callbacks.
+    output_dir: str = "saved_models"
+    keep_checkpoints: int = 5  # the paper averages the last 5 checkpoints (6.1)
+    bleu_every_epochs: int = 1  # 0 disables the validation BLEU callback
+    bleu_samples: int = 200
+    sample_translations: int = 3  # sentences printed every bleu_every_epochs; 0: none
+
+    # Evaluation after training (training.demo, training.evaluate).
+    eval_decode: str = "beam"
+    eval_batch_size: int = 128
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "jit_compile":
+                if value not in _JIT_COMPILE_VALUES or not isinstance(value, (str, bool)):
+                    raise ValueError(
+                        f'`jit_compile` must be "auto", true or false. Received: jit_compile={value!r}'
+                    )
+                continue
+            _check_type(field.name, value, field.type)
+        object.__setattr__(self, "model", dict(self.model))
+        for name, choices in (
+            ("corpus", CORPORA),
+            ("tokenizer_model_type", TOKENIZER_MODEL_TYPES),
+            ("eval_decode", DECODE_METHODS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"`{name}` must be one of {choices}. Received: {name}={getattr(self, name)!r}"
+                )
+        for name in ("epochs", "vocab_size", "steps_per_execution", "bleu_samples", "eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be > 0. Received: {name}={getattr(self, name)!r}")
+        for name in (
+            "max_train_seconds",
+            "steps_per_epoch",
+            "keep_checkpoints",
+            "bleu_every_epochs",
+            "sample_translations",
+            "max_train_pairs",
+            "tokenizer_max_sentences",
+            "demo_num_train",
+        ):
+            value = getattr(self, name)
+            if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+                raise ValueError(f"`{name}` must be >= 0. Received: {name}={value!r}")
+        if not self.name or os.sep in self.name:
+            raise ValueError(f"`name` must be a non-empty directory name. Received: name={self.name!r}")
+        if self.corpus in ("files", "tsv") and not self.data_dir:
+            raise ValueError(f"`data_dir` is required when corpus={self.corpus!r}. Received: data_dir=''")
+        if self.corpus == "tfds" and not self.tfds_name:
+            raise ValueError("`tfds_name` is required when corpus='tfds'. Received: tfds_name=''")
+        if "vocab_size" in self.model:
+            raise ValueError(
+                "Set the vocabulary size with the top-level `vocab_size` (the tokenizer's), "
+                f"not in [model]. Received: model.vocab_size={self.model['vocab_size']!r}"
+            )
+        self.model_config()  # validates the preset and the [model] overrides now
+
+    # -------------------------------------------------------------- derived
+    @property
+    def model_dir(self):
+        """Where the run writes everything: `output_dir/name`."""
+        return os.path.join(self.output_dir, self.name)
+
+    def model_config(self, vocab_size=None):
+        """The `TransformerConfig` of the run: preset, `[model]` overrides, vocabulary size.
+
+        Args:
+            vocab_size: int, the trained tokenizer's size; defaults to `self.vocab_size`.
+        """
+        return TransformerConfig.from_preset(
+            self.preset, **self.model, vocab_size=vocab_size or self.vocab_size
+        )
+
+    # ---------------------------------------------------------------- reading
+    def replace(self, **changes):
+        """A copy with `changes` applied and validated; unknown names raise `ValueError`."""
+        _check_known(changes)
+        return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, assignments):
+        """A copy with `["key=value", "model.d_model=256", ...]` applied.
+
+        Each value is parsed by the type of the field it sets: ints, floats, booleans
+        (`true` / `false`), strings as written. `model.<field>` sets a `TransformerConfig`
+        field in the `[model]` table.
+        """
+        changes = {}
+        model = dict(self.model)
+        for assignment in assignments:
+            if "=" not in assignment:
+                raise ValueError(f"An override must look like key=value. Received: {assignment!r}")
+            key, text = (part.strip() for part in assignment.split("=", 1))
+            if key.startswith("model."):
+                field = key[len("model."):]
+                types_by_name = {f.name: f.type for f in dataclasses.fields(TransformerConfig)}
+                if field not in types_by_name:
+                    raise ValueError(
+                        f"Unknown key {key!r}: {field!r} is not a TransformerConfig field. "
+                        f"Expected one of: {sorted(types_by_name)}"
+                    )
+                model[field] = parse_value(key, text, types_by_name[field])
+            else:
+                _check_known({key: None})
+                field_type = {f.name: f.type for f in dataclasses.fields(RunConfig)}[key]
+                if key == "model":
+                    raise ValueError("Set model fields one by one: --set model.<field>=<value>.")
+                changes[key] = parse_value(key, text, field_type)
+        return self.replace(**changes, model=model)
+
+    @classmethod
+    def from_dict(cls, values):
+        """Builds a config from a dict (TOML's), refusing unknown keys with `ValueError`."""
+        if not isinstance(values, dict):
+            raise ValueError(f"Expected a table of run settings. Received: {type(values).__name__}")
+        _check_known(values)
+        values = dict(values)
+        if "model" in values and not isinstance(values["model"], dict):
+            raise ValueError(f"`model` must be a table. Received: model={values['model']!r}")
+        return cls(**values)
+
+    @classmethod
+    def from_toml(cls, path, overrides=()):
+        """Reads a TOML file (with `tomllib`) and applies `--set` style `overrides`."""
+        with open(path, "rb") as file:
+            try:
+                values = tomllib.load(file)
+            except tomllib.TOMLDecodeError as error:
+                raise ValueError(f"{path} is not valid TOML: {error}") from error
+        try:
+            config = cls.from_dict(values)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from error
+        return config.with_overrides(overrides)
+
+    # ---------------------------------------------------------------- writing
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_toml(self, model_config=None):
+        """The run as TOML text that `from_toml` reads back to an equal config.
+
+        With `model_config`, the `[model]` table holds every field of that resolved
+        `TransformerConfig` (bar `vocab_size`, which is the top-level one), so the file
+        says exactly what was trained even if presets change later.
+        """
+        values = self.to_dict()
+        model = dict(values.pop("model"))
+        if model_config is not None:
+            model = {k: v for k, v in model_config.to_dict().items() if k != "vocab_size"}
+            values["vocab_size"] = model_config.vocab_size
+        lines = [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+        lines += ["", "[model]"]
+        # TOML has no null: None (clipnorm, dtype_policy) is the default, so it is omitted.
+        lines += [f"{k} = {_toml_value(v)}" for k, v in model.items() if v is not None]
+        return "\n".join(lines) + "\n"
+
+
+def parse_value(key, text, field_type):
+    """Parses the text of `--set key=text` as `field_type` (int, float, bool, str, Optional).
+
+    Raises:
+        ValueError: naming the key, the text and the expected type.
+    """
+    origin = typing.get_origin(field_type)
+    if origin in (typing.Union, types.UnionType):
+        options = [t for t in typing.get_args(field_type) if t is not type(None)]
+        if type(None) in typing.get_args(field_type) and text.lower() in ("none", "null", ""):
+            return None
+        for option in (bool, int, float, str):  # most specific first
+            if option in options:
+                try:
+                    return parse_value(key, text, option)
+                except ValueError:
+                    continue
+        raise ValueError(f"`{key}` got {text!r}, which is none of {options}.")
+    if field_type is bool:
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"`{key}` must be true or false. Received: {text!r}")
+    if field_type is int:
+        try:
+            return int(text.replace("_", ""))
+        except ValueError:
+            raise ValueError(f"`{key}` must be an integer. Received: {text!r}") from None
+    if field_type is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"`{key}` must be a number. Received: {text!r}") from None
+    if field_type is str:
+        # A quoted TOML string is unquoted, so `--set name="a b"` and `--set name=a` both work.
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+            return text[1:-1]
+        return text
+    raise ValueError(f"`{key}` cannot be set from the command line (type {field_type}).")
+
+
+def _check_known(values):
+    known = {field.name for field in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"Unknown run config key(s): {unknown}. Expected some of: {sorted(known)}"
+        )
+
+
+def _check_type(name, value, annotation):
+    if annotation is dict:
+        ok = isinstance(value, dict)
+    elif annotation is bool:
+        ok = isinstance(value, bool)
+    elif annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif annotation is str:
+        ok = isinstance(value, str)
+    else:  # pragma: no cover - every field has one of the types above
+        ok = True
+    if not ok:
+        raise ValueError(
+            f"`{name}` must be of type {annotation.__name__}. Received: {name}={value!r} "
+            f"(type {type(value).__name__})"
+        )
+
+
+def _toml_value(value):
+    """One TOML scalar. Written by hand because the standard library only reads TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON strings are TOML basic strings
+    raise ValueError(f"Cannot write {value!r} (type {type(value).__name__}) as a TOML scalar.")
+
+
+__all__ = ["RunConfig", "parse_value", "CORPORA"]

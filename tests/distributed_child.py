@@ -1,0 +1,185 @@
+"""Training runs that need a fresh process, for test_distribute.py.
+
+Device layouts are fixed when a backend starts (two logical CPUs for TensorFlow, two
+host devices for JAX, a TF_CONFIG cluster), so these runs happen in child processes:
+`python tests/distributed_child.py MODE` prints one JSON line with its results. The test
+module imports `fit_losses` too, for single-device references in its own process.
+
+Every run trains the same tiny Transformer from the same seed on one fixed batch of 4
+sentence pairs without padding, so each replica of a 2-way split gets as many real
+tokens and the data-parallel loss must equal the one-device loss.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+GLOBAL_BATCH = 4
+STEPS = 3
+LEARNING_RATE = 1e-2
+CONFIG_VALUES = dict(
+    vocab_size=32,
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout=0.0,
+    max_length=32,
+)
+
+
+def config():
+    import keras_transformer as kt
+
+    return kt.TransformerConfig.from_preset("tiny", **CONFIG_VALUES)
+
+
+def batch(size=GLOBAL_BATCH, seed=0):
+    """`(inputs, labels)` of `size` pairs, source length 6, target length 5, no padding."""
+    rng = np.random.default_rng(seed)
+    inputs = {
+        "encoder_inputs": rng.integers(1, 32, (size, 6)).astype("int32"),
+        "decoder_inputs": rng.integers(1, 32, (size, 5)).astype("int32"),
+    }
+    return inputs, rng.integers(1, 32, (size, 5)).astype("int32")
+
+
+def dataset(size=GLOBAL_BATCH):
+    """The same batch of `size` pairs, again and again."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensors(batch(size)).repeat()
+
+
+def fit_losses(strategy="default", data=None, callbacks=(), **scope_args):
+    """Per-step training losses of the tiny model under `distribution_scope(strategy)`."""
+    import keras
+
+    from keras_transformer import build_transformer
+    from keras_transformer.distribute import distribution_scope
+    from keras_transformer.losses import LabelSmoothedCrossEntropy
+
+    keras.utils.set_random_seed(7)
+    with distribution_scope(strategy, config=config(), **scope_args) as engine:
+        model = build_transformer(config())
+        model.compile(
+            optimizer=keras.optimizers.Adam(LEARNING_RATE), loss=LabelSmoothedCrossEntropy()
+        )
+        # One step per epoch: the history holds each step's loss.
+        history = model.fit(
+            dataset() if data is None else data,
+            epochs=STEPS,
+            steps_per_epoch=1,
+            callbacks=list(callbacks),
+            verbose=0,
+        )
+    return [float(loss) for loss in history.history["loss"]], engine, model
+
+
+def run_mirrored():
+    """Two logical CPUs: MirroredStrategy against one device, and how a batch is split."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+    from keras_transformer import distribute
+
+    single, _, _ = fit_losses("default")
+    mirrored, engine, model = fit_losses("mirrored", devices=["/cpu:0", "/cpu:1"])
+
+    # Batches of 4 and 3 rows with an unknown static batch size, as the token-budget
+    # pipeline makes them: tf.distribute splits each global batch over the replicas.
+    rows = tf.data.Dataset.range(7).map(lambda i: tf.fill([3], tf.cast(i, tf.int32)))
+    varying = rows.padded_batch(4)
+    split = [
+        [int(part.shape[0]) for part in engine.experimental_local_results(batch)]
+        for batch in engine.experimental_distribute_dataset(varying)
+    ]
+    return {
+        "single": single,
+        "mirrored": mirrored,
+        "replicas": distribute.num_replicas(engine),
+        "describe": distribute.describe(engine),
+        "variable_type": type(model.weights[0].value).__name__,
+        "split": split,
+    }
+
+
+def run_multi_worker():
+    """One worker of a TF_CONFIG cluster: "auto" must pick MultiWorkerMirroredStrategy."""
+    import keras
+
+    from keras_transformer import distribute
+
+    task_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    work_dir = os.environ["WORK_DIR"]
+    chief = distribute.is_chief()
+    # Every worker saves (saving reads mirrored variables in step with the others);
+    # only the chief's files are kept, the others write to a scratch directory.
+    own_dir = os.path.join(work_dir, "chief" if chief else f"worker_{task_index}")
+    callbacks = [
+        keras.callbacks.BackupAndRestore(os.path.join(own_dir, "backup")),
+        keras.callbacks.ModelCheckpoint(
+            os.path.join(own_dir, "model.weights.h5"), save_weights_only=True
+        ),
+    ]
+    losses, engine, _ = fit_losses("auto", callbacks=callbacks)
+    return {
+        "losses": losses,
+        "engine": type(engine).__name__,
+        "replicas": distribute.num_replicas(engine),
+        "is_chief": chief,
+        "checkpoint": os.path.exists(os.path.join(own_dir, "model.weights.h5")),
+    }
+
+
+def run_jax():
+    """Two host devices: DataParallel and ModelParallel against one device."""
+    import keras
+
+    from keras_transformer import distribute
+
+    single, _, _ = fit_losses("default")
+    data_parallel, engine, _ = fit_losses("data_parallel")
+    after_scope = keras.distribution.distribution()
+    model_parallel, mp_engine, mp_model = fit_losses("model_parallel", model_parallel_size=2)
+    sharding = {
+        weight.path: str(weight.value.sharding.spec)
+        for weight in mp_model.weights
+        if weight.path
+        in (
+            "encoder_layer_0/self_attention/query/kernel",
+            "encoder_layer_0/feed_forward/output_dense/kernel",
+            "encoder_layer_0/self_attention_norm/gamma",
+        )
+    }
+
+    # A batch of 3 cannot be split over 2 devices; padded with a row of padding, the
+    # loss is the loss of the 3 real pairs.
+    odd = dataset(3)
+    single_odd, _, _ = fit_losses("default", data=odd)
+    padded, _, _ = fit_losses(
+        "data_parallel", data=distribute.pad_batches_for_replicas(odd, 2)
+    )
+    return {
+        "single": single,
+        "data_parallel": data_parallel,
+        "model_parallel": model_parallel,
+        "replicas": distribute.num_replicas(engine),
+        "model_parallel_replicas": distribute.num_replicas(mp_engine),
+        "describe": distribute.describe(mp_engine),
+        "after_scope": repr(after_scope),
+        "sharding": sharding,
+        "single_odd": single_odd,
+        "padded_odd": padded,
+    }
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    result = {"mirrored": run_mirrored, "multi_worker": run_multi_worker, "jax": run_jax}[mode]()
+    print(json.dumps(result), flush=True)

@@ -1,0 +1,220 @@
+"""Tests of the training callbacks: learning-rate log, keep-last-K, time budget, resume, BLEU."""
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import callbacks as kt_callbacks
+from keras_transformer import model_directory
+from keras_transformer.callbacks import (
+    BleuCallback,
+    KeepLastCheckpoints,
+    LearningRateLogger,
+    SampleTranslations,
+    TimeBudget,
+    default_callbacks,
+)
+
+# Built the same way in this process and in the subprocess of the resume test: a
+# tiny reversal task fitted in 4 steps per epoch, with an epoch recorder.
+FIT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    import keras
+    import keras_transformer as kt
+    from keras_transformer.callbacks import default_callbacks
+    from keras_transformer.training import compile_transformer
+
+    class RecordEpochs(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epochs.append(epoch)
+
+    class DieAfterFirstEpoch(keras.callbacks.Callback):
+        # Placed after BackupAndRestore, so the backup of epoch 0 is on disk.
+        def on_epoch_end(self, epoch, logs=None):
+            os._exit(3)
+
+    def fit(model_dir, die=False):
+        keras.utils.set_random_seed(0)
+        config = kt.TransformerConfig.from_preset(
+            "tiny", vocab_size=32, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+            num_decoder_layers=1, dropout=0.0, max_length=16, warmup_steps=4,
+            learning_rate_scale=0.1)
+        model = compile_transformer(kt.build_transformer(config), jit_compile=False)
+        rng = np.random.default_rng(0)
+        source = rng.integers(4, 32, size=(32, 5)).astype("int32")
+        inputs = {"encoder_inputs": source, "decoder_inputs": np.pad(source[:, ::-1], ((0, 0), (1, 0)), constant_values=2)[:, :5]}
+        recorder = RecordEpochs()
+        callbacks = [recorder] + default_callbacks(model_dir, keep_checkpoints=5, tensorboard=False)
+        if die:
+            callbacks.append(DieAfterFirstEpoch())
+        model.fit(inputs, source[:, ::-1], batch_size=8, epochs=3, callbacks=callbacks, verbose=0, shuffle=False)
+        return recorder.epochs, model
+
+    if __name__ == "__main__":
+        fit(sys.argv[1], die=True)
+    """
+)
+
+
+def run_fit_script(tmp_path):
+    script = tmp_path / "fit_script.py"
+    script.write_text(FIT_SCRIPT)
+    namespace = {"__name__": "fit_script"}
+    exec(compile(FIT_SCRIPT, str(script), "exec"), namespace)
+    return script, namespace["fit"]
+
+
+def test_backup_and_restore_resumes_a_killed_run_at_the_next_epoch(tmp_path):
+    model_dir = tmp_path / "run"
+    script, fit = run_fit_script(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run(
+        [sys.executable, str(script), str(model_dir)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert killed.returncode == 3, killed.stderr[-3000:]
+    assert os.path.isdir(model_dir / model_directory.BACKUP_DIR)
+
+    epochs, model = fit(str(model_dir))
+    assert epochs == [1, 2]  # resumed at the second epoch, not the first
+    # The optimizer state came back too: 4 steps per epoch, 3 epochs in all.
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 12
+    with open(model_dir / model_directory.CSV_LOG_FILE) as file:
+        rows = list(csv.DictReader(file))
+    assert [row["epoch"] for row in rows] == ["0", "1", "2"]  # appended after the killed run's row
+    checkpoints = sorted(os.listdir(model_dir / model_directory.CHECKPOINT_DIR))
+    assert checkpoints == ["epoch_001.weights.h5", "epoch_002.weights.h5", "epoch_003.weights.h5"]
+    assert not os.path.exists(model_dir / model_directory.BACKUP_DIR)
+
+
+class _FakeOptimizerModel:
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def test_learning_rate_logger_logs_the_schedule_at_the_current_step():
+    from keras_transformer.schedules import TransformerSchedule
+
+    optimizer = keras.optimizers.Adam(TransformerSchedule(16, warmup_steps=4))
+    optimizer.iterations.assign(8)
+    logger = LearningRateLogger()
+    logger.set_model(_FakeOptimizerModel(keras.optimizers.LossScaleOptimizer(optimizer)))
+    logs = {"loss": 1.0}
+    logger.on_epoch_end(0, logs)
+    # Paper's step 9 (iteration 8): 16^-0.5 * min(9^-0.5, 9 * 4^-1.5) = 0.25 / 3.
+    assert logs["learning_rate"] == pytest.approx(0.25 / 3)
+
+
+def test_keep_last_checkpoints_deletes_older_files(tmp_path):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    directory = tmp_path / "checkpoints"
+    keeper = KeepLastCheckpoints(str(directory), keep=2)
+    model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=4, verbose=0, callbacks=[keeper])
+    assert sorted(os.listdir(directory)) == ["epoch_003.weights.h5", "epoch_004.weights.h5"]
+    with pytest.raises(ValueError, match="`keep` must be a positive integer. Received: keep=0"):
+        KeepLastCheckpoints(str(directory), keep=0)
+
+
+def test_time_budget_stops_after_the_batch_that_spends_it():
+    seen = []
+    recorder = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    budget = TimeBudget(1e-9)
+    model.fit(np.zeros((8, 2)), np.zeros((8, 1)), batch_size=2, epochs=3, verbose=0,
+              callbacks=[budget, recorder])
+    assert seen == [0]
+    assert budget.stopped_early
+    with pytest.raises(ValueError, match="`seconds` must be a positive number. Received: seconds=0"):
+        TimeBudget(0)
+
+
+PAIRS = [
+    ("one two three four five", "eins zwei drei vier fuenf"),
+    ("two three four five six", "zwei drei vier fuenf sechs"),
+    ("three four five six seven", "drei vier fuenf sechs sieben"),
+    ("four five six seven eight", "vier fuenf sechs sieben acht"),
+]
+REFERENCES = [reference for _, reference in PAIRS]
+
+
+def test_bleu_callback_logs_sacrebleu_of_its_translations_on_schedule(monkeypatch):
+    bleu = BleuCallback(PAIRS, tokenizer=None, every_n_epochs=2, num_samples=None)
+    outputs = iter([REFERENCES, ["x y"] * 4, REFERENCES])
+    monkeypatch.setattr(bleu, "_translate", lambda: next(outputs))
+    bleu.on_train_begin()
+    logged = []
+    for epoch in range(4):
+        logs = {}
+        bleu.on_epoch_end(epoch, logs)
+        logged.append(logs.get("val_bleu"))
+    # Runs at the first epoch of the fit, then every second epoch (1-based 2 and 4).
+    assert logged == [100.0, 0.0, None, 100.0]
+
+
+def test_bleu_callback_samples_a_fixed_subset():
+    first = BleuCallback(PAIRS, tokenizer=None, num_samples=2, seed=3)
+    second = BleuCallback(PAIRS, tokenizer=None, num_samples=2, seed=3)
+    assert first.pairs == second.pairs and len(first.pairs) == 2
+    with pytest.raises(ValueError, match="every_n_epochs.*Received: every_n_epochs=0"):
+        BleuCallback(PAIRS, tokenizer=None, every_n_epochs=0)
+
+
+def test_sample_translations_prints_source_reference_and_output(monkeypatch):
+    printed = []
+    samples = SampleTranslations(PAIRS[:2], tokenizer=None, num_samples=2, print_fn=printed.append)
+    monkeypatch.setattr(samples, "_translate", lambda: [REFERENCES[0], "drei"])
+    samples.on_train_begin()
+    samples.on_epoch_end(0, {})
+    text = printed[0]
+    assert "after epoch 1" in text
+    assert f"source:    {PAIRS[0][0]}" in text and f"reference: {REFERENCES[0]}" in text
+    assert f"output:  = {REFERENCES[0]}" in text
+    assert "output:  x drei" in text
+
+
+def test_default_callbacks_order_and_files(tmp_path):
+    callbacks = default_callbacks(
+        str(tmp_path), validation_pairs=PAIRS, tokenizer=object(), max_train_seconds=10
+    )
+    kinds = [type(c) for c in callbacks]
+    expected = [
+        TimeBudget,
+        keras.callbacks.TerminateOnNaN,
+        LearningRateLogger,
+        BleuCallback,
+        SampleTranslations,
+        KeepLastCheckpoints,
+        keras.callbacks.BackupAndRestore,
+        keras.callbacks.CSVLogger,
+    ]
+    assert kinds[: len(expected)] == expected
+    if kt_callbacks._tensorboard_installed():
+        assert kinds[len(expected):] == [keras.callbacks.TensorBoard]
+    # Without validation pairs and with checkpoints off, those callbacks are left out.
+    kinds = [type(c) for c in default_callbacks(str(tmp_path), keep_checkpoints=0, tensorboard=False)]
+    assert kinds == [
+        keras.callbacks.TerminateOnNaN,
+        LearningRateLogger,
+        keras.callbacks.BackupAndRestore,
+        keras.callbacks.CSVLogger,
+    ]
+    with pytest.raises(ValueError, match="`tokenizer` is required with `validation_pairs`"):
+        default_callbacks(str(tmp_path), validation_pairs=PAIRS)
+
+
+def test_model_directory_names_agree_with_the_tokenizer():
+    from keras_transformer.tokenizer import MODEL_FILENAME
+
+    assert model_directory.TOKENIZER_FILE == MODEL_FILENAME

@@ -1,0 +1,327 @@
+"""distribute.py and precision.py: engines per backend, data-parallel losses, mixed precision.
+
+The multi-device runs happen in child processes (tests/distributed_child.py), because
+device layouts are fixed when a backend starts; each runs in one backend's session only.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+import distributed_child
+from keras_transformer import distribute
+from keras_transformer import precision
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+
+BACKEND = keras.backend.backend()
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CHILD = pathlib.Path(distributed_child.__file__)
+CHILD_TIMEOUT_S = 300
+# Float32 sums in another order (two replicas, an all-reduce) agree to this.
+LOSS_RTOL = 1e-5
+
+tensorflow_only = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="tf.distribute runs on the TensorFlow backend"
+)
+
+
+def child_env(backend, **extra):
+    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+    env.update(KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def run_child(mode, env):
+    """Runs `distributed_child.py MODE` and returns its JSON line."""
+    result = subprocess.run(
+        [sys.executable, str(CHILD), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-6000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tiny_batch(rng, size=2):
+    inputs = {
+        "encoder_inputs": rng.integers(1, 32, (size, 6)).astype("int32"),
+        "decoder_inputs": rng.integers(1, 32, (size, 5)).astype("int32"),
+    }
+    labels = rng.integers(1, 32, (size, 5)).astype("int32")
+    labels[:, -1] = 0  # one padding label per row, ignored by the loss
+    return inputs, labels
+
+
+# ------------------------------------------------------------------ choosing engines
+def test_unknown_strategy_name_is_refused():
+    with pytest.raises(ValueError, match=r"Unknown strategy 'horovod'. Expected one of"):
+        distribute.select_strategy("horovod")
+    with pytest.raises(ValueError, match=r"`strategy` must be a name.*Received: strategy=3"):
+        distribute.select_strategy(3)
+
+
+def test_names_the_backend_cannot_run_are_refused_with_the_alternative():
+    unsupported = {
+        "tensorflow": ("model_parallel", "ModelParallel needs KERAS_BACKEND=jax"),
+        "jax": ("mirrored", "use 'data_parallel'"),
+        "torch": ("data_parallel", "The PyTorch backend runs on a single device"),
+    }[BACKEND]
+    name, message = unsupported
+    with pytest.raises(ValueError, match=message):
+        distribute.select_strategy(name)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's single-device rule")
+@pytest.mark.parametrize("name", ["mirrored", "data_parallel", "multi_worker", "tpu", "model_parallel"])
+def test_torch_refuses_every_multi_device_strategy(name):
+    with pytest.raises(ValueError, match=rf"single device.*Received: strategy='{name}'"):
+        with distribute.distribution_scope(name):
+            pass
+
+
+def test_auto_and_default_on_one_device_give_one_replica():
+    for name in ("auto", "default", None):
+        with distribute.distribution_scope(name) as engine:
+            assert distribute.num_replicas(engine) == 1
+            assert "one device" in distribute.describe(engine)
+    if BACKEND == "jax":
+        assert keras.distribution.distribution() is None
+
+
+@tensorflow_only
+def test_multi_worker_without_tf_config_is_refused(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="reads the cluster from the TF_CONFIG"):
+        distribute.select_strategy("multi_worker")
+
+
+# ------------------------------------------------------------------ chief and batch
+@pytest.mark.parametrize(
+    "task, cluster, chief",
+    [
+        ({"type": "chief", "index": 0}, {"chief": ["a:1"], "worker": ["b:1"]}, True),
+        ({"type": "worker", "index": 0}, {"chief": ["a:1"], "worker": ["b:1"]}, False),
+        ({"type": "worker", "index": 0}, {"worker": ["a:1", "b:1"]}, True),
+        ({"type": "worker", "index": 1}, {"worker": ["a:1", "b:1"]}, False),
+        ({"type": "evaluator", "index": 0}, {"worker": ["a:1"]}, False),
+    ],
+)
+def test_is_chief_reads_tf_config(monkeypatch, task, cluster, chief):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
+    assert distribute.is_chief() is chief
+
+
+def test_is_chief_without_a_cluster_and_bad_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert distribute.is_chief() is True  # one process (jax: process 0 of 1)
+    monkeypatch.setenv("TF_CONFIG", "{cluster")
+    with pytest.raises(ValueError, match=r"TF_CONFIG is not valid JSON.*Received: '\{cluster'"):
+        distribute.is_chief()
+
+
+def test_global_to_replica_batch():
+    assert distribute.global_to_replica_batch(25000, 4) == 6250
+    assert distribute.global_to_replica_batch(5, 2) == 3  # tf.distribute splits 5 as 3 + 2
+    assert distribute.global_to_replica_batch(7, 1) == 7
+    with pytest.raises(ValueError, match="A global batch of 1 cannot feed 2 replicas"):
+        distribute.global_to_replica_batch(1, 2)
+    with pytest.raises(ValueError, match=r"`replicas` must be a positive integer. Received: replicas=0"):
+        distribute.global_to_replica_batch(8, 0)
+
+
+def test_pad_batches_for_replicas_adds_padding_rows_only():
+    import tensorflow as tf
+
+    inputs = {"encoder_inputs": [[5, 6], [7, 0], [8, 9]], "decoder_inputs": [[1, 4], [1, 3], [1, 2]]}
+    labels = [[4, 2], [3, 2], [2, 2]]
+    first_two = ({key: rows[:2] for key, rows in inputs.items()}, labels[:2])
+    batches = tf.data.Dataset.from_tensors((inputs, labels)).concatenate(
+        tf.data.Dataset.from_tensors(first_two)
+    )
+    padded = list(distribute.pad_batches_for_replicas(batches, 2).as_numpy_iterator())
+    (x3, y3), (x2, y2) = padded
+    np.testing.assert_array_equal(x3["encoder_inputs"], [[5, 6], [7, 0], [8, 9], [0, 0]])
+    np.testing.assert_array_equal(x3["decoder_inputs"], [[1, 4], [1, 3], [1, 2], [0, 0]])
+    np.testing.assert_array_equal(y3, [[4, 2], [3, 2], [2, 2], [0, 0]])
+    np.testing.assert_array_equal(x2["encoder_inputs"], [[5, 6], [7, 0]])  # already even
+    np.testing.assert_array_equal(y2, [[4, 2], [3, 2]])
+    assert distribute.pad_batches_for_replicas(batches, 1) is batches
+    with pytest.raises(ValueError, match="Received: replicas=-2"):
+        distribute.pad_batches_for_replicas(batches, -2)
+
+
+def test_layout_map_shards_the_big_matrices_of_the_real_model():
+    config = tiny_config(num_heads=2, share_embeddings=False)
+    model = kt_model(config)
+    mesh = keras.distribution.DeviceMesh(
+        shape=(1, 2), axis_names=("batch", "model"), devices=["cpu:0", "cpu:1"]
+    )
+    layout_map = distribute.transformer_layout_map(config, mesh)
+    axes = {w.path: (layout_map[w.path].axes if layout_map[w.path] else None) for w in model.weights}
+    columns, rows = (None, "model"), ("model", None)
+    for side in ("encoder", "decoder"):
+        assert axes[f"{side}_token_embedding/embeddings"] == columns
+        for attention in ("self_attention",) + (("cross_attention",) if side == "decoder" else ()):
+            for projection in ("query", "key", "value"):
+                assert axes[f"{side}_layer_0/{attention}/{projection}/kernel"] == columns
+                assert axes[f"{side}_layer_0/{attention}/{projection}/bias"] == ("model",)
+            assert axes[f"{side}_layer_0/{attention}/attention_output/kernel"] == rows
+            assert axes[f"{side}_layer_0/{attention}/attention_output/bias"] is None
+        assert axes[f"{side}_layer_0/feed_forward/intermediate_dense/kernel"] == columns
+        assert axes[f"{side}_layer_0/feed_forward/output_dense/kernel"] == rows
+        assert axes[f"{side}_layer_0/feed_forward_norm/gamma"] is None
+    assert axes["output_projection/kernel"] == rows
+    sharded = sum(value is not None for value in axes.values())
+    assert sharded == 2 + 1 + 3 * (6 + 1) + 2 * 3  # embeddings, output, attention, FFN
+
+    with pytest.raises(ValueError, match=r"`d_ff` must be divisible by the model-parallel size 2"):
+        distribute.transformer_layout_map(tiny_config(d_ff=33), mesh)
+
+
+def kt_model(config):
+    from keras_transformer import build_transformer
+
+    return build_transformer(config)
+
+
+# ------------------------------------------------------------------ data parallel runs
+@tensorflow_only
+def test_mirrored_over_two_logical_cpus_matches_one_device():
+    result = run_child("mirrored", child_env("tensorflow"))
+    assert result["replicas"] == 2
+    assert result["variable_type"] == "MirroredVariable"
+    assert "MirroredStrategy, 2 replicas" in result["describe"]
+    np.testing.assert_allclose(result["mirrored"], result["single"], rtol=LOSS_RTOL)
+    assert result["single"][-1] < result["single"][0]
+    # Keras 3 fit hands tf.distribute the global batch, and it splits every batch
+    # across the replicas, even those of varying size (4 rows, then 3).
+    assert result["split"] == [[2, 2], [2, 1]]
+
+
+@tensorflow_only
+def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    workers = []
+    try:
+        for index in range(2):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            env = child_env("tensorflow", TF_CONFIG=tf_config, WORK_DIR=str(tmp_path))
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, str(CHILD), "multi_worker"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        outputs = [worker.communicate(timeout=CHILD_TIMEOUT_S) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    for worker, (_, stderr) in zip(workers, outputs):
+        assert worker.returncode == 0, stderr[-6000:]
+    results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+
+    reference, _, _ = distributed_child.fit_losses("default")
+    for index, result in enumerate(results):
+        assert result["engine"] == "KerasMultiWorkerMirroredStrategy"  # what "auto" picked
+        assert result["replicas"] == 2
+        assert result["is_chief"] is (index == 0)
+        assert result["checkpoint"]
+        np.testing.assert_allclose(result["losses"], reference, rtol=LOSS_RTOL)
+    assert (tmp_path / "chief" / "model.weights.h5").exists()
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="runs in the jax session")
+def test_jax_data_and_model_parallel_over_two_host_devices_match_one_device():
+    env = child_env("jax", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    result = run_child("jax", env)
+    assert result["replicas"] == 2
+    np.testing.assert_allclose(result["data_parallel"], result["single"], rtol=LOSS_RTOL)
+    assert result["single"][-1] < result["single"][0]
+    assert result["after_scope"] == "None"  # the scope restored the global distribution
+
+    assert result["model_parallel_replicas"] == 1
+    assert result["describe"] == "ModelParallel, mesh (batch=1, model=2): cpu:0, cpu:1"
+    np.testing.assert_allclose(result["model_parallel"], result["single"], rtol=LOSS_RTOL)
+    assert result["sharding"] == {
+        "encoder_layer_0/self_attention/query/kernel": "P(None, 'model')",
+        "encoder_layer_0/feed_forward/output_dense/kernel": "P('model', None)",
+        "encoder_layer_0/self_attention_norm/gamma": "P(None,)",
+    }
+    # A batch of 3 padded to 4 rows trains exactly as the 3 pairs on one device.
+    np.testing.assert_allclose(result["padded_odd"], result["single_odd"], rtol=LOSS_RTOL)
+
+
+# ------------------------------------------------------------------ mixed precision
+def fit_under_policy(policy, steps=4):
+    config = tiny_config(dtype_policy=policy)
+    model = kt_model(config)
+    optimizer = precision.loss_scaled_optimizer(keras.optimizers.Adam(1e-2), config)
+    model.compile(optimizer=optimizer, loss=LabelSmoothedCrossEntropy())
+    inputs, labels = tiny_batch(np.random.default_rng(0))
+    logits = model(inputs)
+    history = model.fit(inputs, labels, batch_size=2, epochs=steps, shuffle=False, verbose=0)
+    return model, logits, history.history["loss"]
+
+
+def test_mixed_bfloat16_fit_lowers_the_loss_with_float32_logits_and_weights():
+    model, logits, losses = fit_under_policy("mixed_bfloat16")
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert {w.dtype for w in model.weights} == {"float32"}
+    assert model.get_layer("encoder_layer_0").compute_dtype == "bfloat16"
+    assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_mixed_float16_fit_scales_the_loss_and_lowers_it():
+    if BACKEND == "jax":
+        pytest.skip("XLA:CPU has no F16 x F16 -> F32 dot_general: mixed_float16 needs a GPU on JAX")
+    model, logits, losses = fit_under_policy("mixed_float16")
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert model.get_layer("decoder_layer_0").compute_dtype == "float16"
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_loss_scaled_optimizer_wraps_only_float16():
+    adam = keras.optimizers.Adam()
+    assert precision.loss_scaled_optimizer(adam, "mixed_bfloat16") is adam
+    assert precision.loss_scaled_optimizer(adam, None) is adam  # the global float32 policy
+    if BACKEND == "jax":
+        with pytest.raises(ValueError, match="cannot run on the JAX backend on CPU"):
+            precision.loss_scaled_optimizer(adam, "mixed_float16")
+        return
+    wrapped = precision.loss_scaled_optimizer(adam, "mixed_float16")
+    assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
+    assert wrapped.inner_optimizer is adam
+    assert precision.loss_scaled_optimizer(wrapped, "mixed_float16") is wrapped
+    with pytest.raises(ValueError, match="`optimizer` must be a keras.optimizers.Optimizer"):
+        precision.loss_scaled_optimizer("adam", "mixed_float16")
+

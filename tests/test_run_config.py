@@ -1,0 +1,138 @@
+"""Tests of RunConfig: TOML parsing, --set overrides by type, unknown keys, round trip."""
+
+import os
+
+import pytest
+
+from keras_transformer.run_config import RunConfig
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training", "configs")
+
+TOML = """
+name = "toy"
+preset = "tiny"
+corpus = "files"
+data_dir = "data"
+source_lang = "de"
+target_lang = "en"
+vocab_size = 500
+epochs = 3
+max_train_seconds = 120
+
+[model]
+d_model = 32
+num_heads = 2
+dropout = 0.0
+"""
+
+
+@pytest.fixture
+def toml_path(tmp_path):
+    path = tmp_path / "toy.toml"
+    path.write_text(TOML)
+    return path
+
+
+def test_from_toml_reads_run_and_model_fields(toml_path):
+    config = RunConfig.from_toml(toml_path)
+    assert (config.name, config.corpus, config.data_dir) == ("toy", "files", "data")
+    assert (config.source_lang, config.target_lang, config.epochs) == ("de", "en", 3)
+    assert config.max_train_seconds == 120
+    model = config.model_config()
+    assert (model.d_model, model.num_heads, model.dropout, model.vocab_size) == (32, 2, 0.0, 500)
+    assert model.d_ff == 256  # from the tiny preset
+    assert config.model_dir == os.path.join("saved_models", "toy")
+
+
+def test_set_overrides_are_parsed_by_field_type(toml_path):
+    config = RunConfig.from_toml(
+        toml_path,
+        [
+            "epochs=7",
+            "max_train_seconds=1.5",
+            "tokenizer_split_digits=true",
+            "name=other",
+            "data_dir=\"a b\"",
+            "jit_compile=false",
+            "model.d_model=64",
+            "model.clipnorm=1.0",
+            "model.share_embeddings=no",
+        ],
+    )
+    assert config.epochs == 7 and isinstance(config.epochs, int)
+    assert config.max_train_seconds == 1.5
+    assert config.tokenizer_split_digits is True
+    assert (config.name, config.data_dir) == ("other", "a b")
+    assert config.jit_compile is False
+    model = config.model_config()
+    assert (model.d_model, model.clipnorm, model.share_embeddings) == (64, 1.0, False)
+    assert model.num_heads == 2  # untouched fields of [model] stay
+    assert RunConfig.from_toml(toml_path, ["jit_compile=auto"]).jit_compile == "auto"
+    assert RunConfig.from_toml(toml_path, ["model.clipnorm=none"]).model_config().clipnorm is None
+
+
+def test_unknown_keys_are_errors_naming_the_key(toml_path, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TOML.replace("epochs = 3", "epoch = 3"))
+    with pytest.raises(ValueError, match=r"bad.toml: Unknown run config key\(s\): \['epoch'\]"):
+        RunConfig.from_toml(bad)
+    bad.write_text(TOML + "d_modle = 3\n")  # lands in [model]
+    with pytest.raises(ValueError, match=r"Unknown TransformerConfig field\(s\): \['d_modle'\]"):
+        RunConfig.from_toml(bad)
+    with pytest.raises(ValueError, match=r"Unknown run config key\(s\): \['epoch'\]"):
+        RunConfig.from_toml(toml_path, ["epoch=3"])
+    with pytest.raises(ValueError, match="Unknown key 'model.width'"):
+        RunConfig.from_toml(toml_path, ["model.width=3"])
+
+
+def test_bad_values_are_errors_naming_the_field(toml_path):
+    with pytest.raises(ValueError, match="`epochs` must be an integer. Received: 'three'"):
+        RunConfig.from_toml(toml_path, ["epochs=three"])
+    with pytest.raises(ValueError, match="`tokenizer_split_digits` must be true or false. Received: 'maybe'"):
+        RunConfig.from_toml(toml_path, ["tokenizer_split_digits=maybe"])
+    with pytest.raises(ValueError, match="must look like key=value. Received: 'epochs'"):
+        RunConfig.from_toml(toml_path, ["epochs"])
+    with pytest.raises(ValueError, match="`corpus` must be one of .*Received: corpus='web'"):
+        RunConfig.from_toml(toml_path, ["corpus=web"])
+    with pytest.raises(ValueError, match="`epochs` must be > 0. Received: epochs=0"):
+        RunConfig.from_toml(toml_path, ["epochs=0"])
+    with pytest.raises(ValueError, match="`d_model` must be divisible by `num_heads`"):
+        RunConfig.from_toml(toml_path, ["model.d_model=33"])
+    with pytest.raises(ValueError, match="top-level `vocab_size`.*model.vocab_size=100"):
+        RunConfig(model={"vocab_size": 100})
+    with pytest.raises(ValueError, match="`data_dir` is required when corpus='files'"):
+        RunConfig(corpus="files")
+    with pytest.raises(ValueError, match="`epochs` must be of type int. Received: epochs=2.5"):
+        RunConfig(epochs=2.5)
+
+
+def test_to_toml_round_trips_with_the_resolved_model(toml_path, tmp_path):
+    config = RunConfig.from_toml(toml_path, ["model.clipnorm=2.0"])
+    written = tmp_path / "config.toml"
+    written.write_text(config.to_toml(config.model_config()))
+    again = RunConfig.from_toml(written)
+    assert again.model_config() == config.model_config()
+    assert {k: v for k, v in again.to_dict().items() if k != "model"} == {
+        k: v for k, v in config.to_dict().items() if k != "model"
+    }
+    # Without a resolved config, [model] holds just the overrides.
+    written.write_text(config.to_toml())
+    assert RunConfig.from_toml(written) == config
+
+
+@pytest.mark.parametrize("name", ["demo", "multi30k", "base", "big"])
+def test_shipped_configs_parse(name):
+    config = RunConfig.from_toml(os.path.join(CONFIG_DIR, f"{name}.toml"))
+    assert config.name == name
+    model = config.model_config()
+    if name == "multi30k":
+        assert (config.source_lang, config.target_lang) == ("de", "en")
+        assert (config.train_split, config.validation_split, config.test_split) == (
+            "train", "val", "test_2016_flickr",
+        )
+    if name == "base":
+        assert (model.d_model, model.num_encoder_layers, model.vocab_size) == (512, 6, 37000)
+        assert config.keep_checkpoints == 5
+    if name == "big":
+        assert (model.d_model, model.dropout) == (1024, 0.3)
+        assert config.keep_checkpoints == 20

@@ -1,0 +1,174 @@
+"""Tests of compile_transformer / make_optimizer, a real fit, and train() end to end."""
+
+import csv
+import os
+
+import keras
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+import keras_transformer as kt
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.special_tokens import BOS_ID, EOS_ID
+from keras_transformer.training import compile_transformer, make_optimizer
+
+
+def copy_task(num_examples=64, length=5, vocab_size=32, seed=0):
+    """Inputs and labels of a toy task: the target is the source reversed."""
+    rng = np.random.default_rng(seed)
+    source = rng.integers(4, vocab_size, size=(num_examples, length)).astype("int32")
+    target = source[:, ::-1]
+    bos = np.full((num_examples, 1), BOS_ID, "int32")
+    eos = np.full((num_examples, 1), EOS_ID, "int32")
+    inputs = {
+        "encoder_inputs": np.concatenate([source, eos], axis=1),
+        "decoder_inputs": np.concatenate([bos, target], axis=1),
+    }
+    return inputs, np.concatenate([target, eos], axis=1)
+
+
+def test_make_optimizer_uses_the_config():
+    config = tiny_config(
+        d_model=16, warmup_steps=4, learning_rate_scale=2.0, adam_beta_1=0.8,
+        adam_beta_2=0.97, adam_epsilon=1e-7, clipnorm=1.5,
+    )
+    optimizer = make_optimizer(config)
+    assert isinstance(optimizer, keras.optimizers.Adam)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.8, 0.97, 1e-7)
+    assert optimizer.clipnorm == 1.5
+    schedule = optimizer._learning_rate
+    assert isinstance(schedule, TransformerSchedule)
+    assert (schedule.d_model, schedule.warmup_steps, schedule.scale) == (16, 4, 2.0)
+    # Peak at the paper's step 4 (iteration 3): 2 * (16 * 4) ** -0.5 = 0.25.
+    assert float(keras.ops.convert_to_numpy(schedule(3))) == pytest.approx(0.25)
+
+
+def test_make_optimizer_defaults_are_the_papers():
+    optimizer = make_optimizer(kt.TransformerConfig())
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert optimizer.clipnorm is None
+
+
+def test_compile_transformer_sets_loss_metrics_and_optimizer():
+    config = tiny_config(label_smoothing=0.2)
+    model = compile_transformer(kt.build_transformer(config))
+    assert isinstance(model.loss, LabelSmoothedCrossEntropy)
+    assert model.loss.label_smoothing == 0.2
+    assert isinstance(model.optimizer, keras.optimizers.Adam)
+    metrics = model._compile_metrics._user_metrics
+    assert [type(m) for m in metrics] == [MaskedAccuracy, Perplexity]
+
+
+@pytest.mark.parametrize("where", ["global_policy", "config"])
+def test_mixed_float16_wraps_the_optimizer_for_loss_scaling(where):
+    if keras.backend.backend() == "jax":
+        import jax
+
+        if jax.default_backend() == "cpu":
+            pytest.skip("mixed_float16 cannot run on JAX on CPU (XLA:CPU has no float16 matmul)")
+    if where == "global_policy":
+        keras.config.set_dtype_policy("mixed_float16")
+        config = tiny_config()
+    else:
+        config = tiny_config(dtype_policy="mixed_float16")
+    model = compile_transformer(kt.build_transformer(config), config)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(model.optimizer.inner_optimizer._learning_rate, TransformerSchedule)
+
+
+def test_float32_and_bfloat16_are_not_loss_scaled():
+    for policy in ("float32", "mixed_bfloat16"):
+        config = tiny_config(dtype_policy=policy)
+        model = compile_transformer(kt.build_transformer(config), config)
+        assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer), policy
+
+
+def test_compile_transformer_refuses_bad_arguments():
+    model = kt.build_transformer(tiny_config())
+    with pytest.raises(ValueError, match="jit_compile.*Received: jit_compile='yes'"):
+        compile_transformer(model, jit_compile="yes")
+    with pytest.raises(ValueError, match="steps_per_execution.*Received: steps_per_execution=0"):
+        compile_transformer(model, steps_per_execution=0)
+    with pytest.raises(ValueError, match="must be a TransformerConfig. Received: dict"):
+        compile_transformer(model, {"d_model": 16})
+
+
+def test_two_epoch_fit_lowers_the_loss():
+    config = tiny_config(warmup_steps=4, learning_rate_scale=0.1)
+    model = compile_transformer(kt.build_transformer(config), jit_compile=False)
+    inputs, labels = copy_task()
+    history = model.fit(inputs, labels, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    losses = history.history["loss"]
+    assert losses[1] < losses[0] - 0.05, losses
+    assert history.history["perplexity"][1] < history.history["perplexity"][0]
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 16
+
+
+# ------------------------------------------------------------- train() end to end
+SOURCE_WORDS = "red blue green black white small big old new one two three".split()
+TARGET_WORDS = "rot blau gruen schwarz weiss klein gross alt neu eins zwei drei".split()
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """Parallel files of 1-4 word toy pairs (target reversed): 100 train, 8 validation."""
+    rng = np.random.default_rng(0)
+    directory = tmp_path_factory.mktemp("corpus")
+    for split, count in (("train", 100), ("validation", 8)):
+        words = [rng.integers(0, 12, size=1 + i % 4) for i in range(count)]
+        (directory / f"{split}.en").write_text("".join(" ".join(SOURCE_WORDS[w] for w in ws) + "\n" for ws in words))
+        (directory / f"{split}.de").write_text(
+            "".join(" ".join(TARGET_WORDS[w] for w in ws[::-1]) + "\n" for ws in words)
+        )
+    return directory
+
+
+def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
+    from keras_transformer.model_directory import (
+        CHECKPOINT_DIR, CONFIG_FILE, CSV_LOG_FILE, CURVES_FILE, MODEL_FILE, TOKENIZER_FILE,
+    )
+    from keras_transformer.run import train
+    from keras_transformer.run_config import RunConfig
+    from keras_transformer.tokenizer import SubwordTokenizer
+
+    run_config = RunConfig(
+        name="tiny",
+        output_dir=str(tmp_path),
+        corpus="files",
+        data_dir=str(corpus_dir),
+        train_split="train",
+        validation_split="validation",
+        test_split="",
+        vocab_size=64,
+        epochs=1,
+        bleu_samples=4,
+        sample_translations=1,
+        jit_compile=False,
+        verbose=0,
+        model=dict(
+            d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+            max_length=16, tokens_per_batch=256, max_decode_extra=4,
+        ),
+    )
+    model_dir = train(run_config)
+    assert model_dir == os.path.join(str(tmp_path), "tiny")
+    out = capsys.readouterr().out
+    assert "parameters" in out and "steps per epoch" in out and "tokens per batch" in out
+
+    model = keras.saving.load_model(os.path.join(model_dir, MODEL_FILE), safe_mode=True)
+    assert isinstance(model, kt.Transformer)
+    tokenizer = SubwordTokenizer.load(os.path.join(model_dir, TOKENIZER_FILE))
+    assert tokenizer.vocab_size == model.config.vocab_size == 64
+    assert RunConfig.from_toml(os.path.join(model_dir, CONFIG_FILE)).model_config() == model.config
+    with open(os.path.join(model_dir, CSV_LOG_FILE)) as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 1
+    for column in ("loss", "val_loss", "masked_accuracy", "perplexity", "learning_rate", "val_bleu"):
+        assert column in rows[0]
+    assert 0.0 <= float(rows[0]["val_bleu"]) <= 100.0
+    assert os.path.getsize(os.path.join(model_dir, CURVES_FILE)) > 5000
+    assert os.listdir(os.path.join(model_dir, CHECKPOINT_DIR)) == ["epoch_001.weights.h5"]
+    assert not os.path.exists(os.path.join(model_dir, "backup"))  # deleted once fit ends
