@@ -98,7 +98,7 @@ def test_compile_transformer_refuses_bad_arguments():
 
 def test_two_epoch_fit_lowers_the_loss():
     config = tiny_config(warmup_steps=4, learning_rate_scale=0.1)
-    model = compile_transformer(kt.build_transformer(config), jit_compile=False)
+    model = compile_transformer(kt.build_transformer(config))
     inputs, labels = copy_task()
     history = model.fit(inputs, labels, batch_size=8, epochs=2, verbose=0, shuffle=False)
     losses = history.history["loss"]
@@ -145,8 +145,7 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
         vocab_size=64,
         epochs=1,
         bleu_samples=4,
-        sample_translations=1,
-        jit_compile=False,
+        sample_translations=0,
         verbose=0,
         model=dict(
             d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
