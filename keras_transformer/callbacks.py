@@ -16,6 +16,7 @@ import keras
 
 from keras_transformer import model_directory
 from keras_transformer.checkpoints import prune_checkpoints
+from keras_transformer.evaluation import make_translator, score_translations
 
 
 class LearningRateLogger(keras.callbacks.Callback):
@@ -136,8 +137,6 @@ class _TranslationCallback(keras.callbacks.Callback):
         return epoch == self._first_epoch or (epoch + 1) % self.every_n_epochs == 0
 
     def _translate(self):
-        from keras_transformer.evaluation import make_translator
-
         if self._translator is None or self._translator.model is not self.model:
             self._translator = make_translator(
                 self.model,
@@ -191,8 +190,6 @@ class BleuCallback(_TranslationCallback):
     def on_epoch_end(self, epoch, logs=None):
         if not self._due(epoch):
             return
-        from keras_transformer.evaluation import score_translations
-
         self.last_translations = self._translate()
         scores = score_translations(self.last_translations, [ref for _, ref in self.pairs])
         if logs is not None:

@@ -1,21 +1,27 @@
 """The distributed engine for a run: `tf.distribute` on TensorFlow, `keras.distribution` on JAX.
 
 `distribution_scope(name)` picks an engine that already exists and enters its scope;
-build, compile and fit the model inside it. Nothing here distributes by hand.
+build, compile and fit the model inside it. Nothing here distributes by hand. Names:
 
-| name | TensorFlow | JAX | PyTorch |
-|---|---|---|---|
-| "auto" | TPU if one resolves, else multi-worker if `TF_CONFIG` lists several workers, else mirrored if several GPUs, else the default strategy | `DataParallel` if several devices, else none | one device |
-| "default" | default strategy (one device) | none (one device) | one device |
-| "data_parallel" | multi-worker if `TF_CONFIG` lists several workers, else mirrored | `DataParallel` | error |
-| "mirrored" | `MirroredStrategy` (all GPUs, or `devices`) | error | error |
-| "multi_worker" | `MultiWorkerMirroredStrategy` from `TF_CONFIG` | error | error |
-| "tpu" | `TPUStrategy` (`TPUClusterResolver`) | error ("auto" uses TPUs) | error |
-| "model_parallel" | error | `ModelParallel`, big matrices sharded | error |
+- "auto": TensorFlow: a TPU if one resolves, else `MultiWorkerMirroredStrategy` if
+  `TF_CONFIG` lists several workers, else `MirroredStrategy` if there are several GPUs,
+  else the default strategy. JAX: `DataParallel` over several devices, else none.
+  PyTorch: one device.
+- "default": one device on every backend.
+- "data_parallel": TensorFlow: multi-worker if `TF_CONFIG` lists several workers, else
+  mirrored. JAX: `keras.distribution.DataParallel`.
+- "mirrored", "multi_worker", "tpu": TensorFlow's `MirroredStrategy` (all GPUs, or
+  `devices`), `MultiWorkerMirroredStrategy` (from `TF_CONFIG`), `TPUStrategy`
+  (`TPUClusterResolver`).
+- "model_parallel": JAX's `keras.distribution.ModelParallel`, the large matrices sharded
+  by `transformer_layout_map`.
+
+A name the backend cannot run raises `ValueError` saying which can; on PyTorch every
+multi-device name does, since Keras 3 has no multi-device `fit` there.
 
 The batch is global: `model.fit` under `tf.distribute` splits each batch of the dataset
-across the replicas (`experimental_distribute_dataset`, checked for the token-budget
-batches of `data.make_dataset`, whose batch size varies), and JAX shards each batch
+across the replicas (`experimental_distribute_dataset`, checked for batches of varying
+size like the token-budget batches of `data.make_dataset`), and JAX shards each batch
 over the devices. So the pipeline's `tokens_per_batch` is the global budget and is not
 divided by hand. JAX needs every batch divisible by the number of replicas:
 `pad_batches_for_replicas` pads a batch with all-padding rows, which the loss ignores.
@@ -47,23 +53,31 @@ _SUPPORTED = {
     "torch": ("auto", "default"),
 }
 # Environment variables that say a TPU is there to resolve (Cloud TPU VM, TPU node, Colab).
-_TPU_ENVIRONMENT = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS")
+_TPU_ENVIRONMENT = (
+    "TPU_NAME",
+    "TPU_ACCELERATOR_TYPE",
+    "COLAB_TPU_ADDR",
+    "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS",
+)
 _MODEL_AXIS = "model"
 _BATCH_AXIS = "batch"
 
 
 @contextlib.contextmanager
-def distribution_scope(strategy=None, *, config=None, devices=None, model_parallel_size=None, tpu=None):
+def distribution_scope(
+    strategy=None, *, config=None, devices=None, model_parallel_size=None, tpu=None
+):
     """Enters the scope of the engine chosen by `strategy` and yields that engine.
 
     Build, compile and fit the model inside the scope: `tf.distribute` places the
     variables when they are created, and `keras.distribution` (set globally by the
     scope, and restored on exit) lays out variables and batches. The engine is chosen
     by `select_strategy`; an engine already made (`tf.distribute.Strategy` or
-    `keras.distribution.DataParallel` / `ModelParallel`) is used as it is. On one device the scope does
-    nothing and yields the default strategy (TensorFlow) or None (JAX, PyTorch).
-    Enter it first: `MultiWorkerMirroredStrategy` must be created before TensorFlow runs
-    any op, and JAX variables take their layout when they are created.
+    `keras.distribution.DataParallel` / `ModelParallel`) is used as it is. On one
+    device the scope does nothing and yields the default strategy (TensorFlow) or None
+    (JAX, PyTorch). `MultiWorkerMirroredStrategy` and `TPUStrategy` must be created
+    before TensorFlow runs any op: call `select_strategy` first thing in the program
+    (the scope then reuses that strategy) or enter the scope before building datasets.
 
     Args:
         strategy: str name (see `STRATEGY_NAMES` and the module docstring), an engine,
@@ -91,12 +105,16 @@ def distribution_scope(strategy=None, *, config=None, devices=None, model_parall
         yield engine
 
 
-def select_strategy(name=None, *, config=None, devices=None, model_parallel_size=None, tpu=None):
+def select_strategy(
+    name=None, *, config=None, devices=None, model_parallel_size=None, tpu=None
+):
     """The engine for `name` on the current Keras backend (see `distribution_scope`).
 
     Returns a `tf.distribute.Strategy` on TensorFlow; a `keras.distribution.DataParallel`,
-    `ModelParallel` or None (one device) on JAX; None on PyTorch. Raises `ValueError` for an unknown
-    name or one the backend cannot run, naming what it can.
+    `ModelParallel` or None (one device) on JAX; None on PyTorch. Raises `ValueError`
+    for an unknown name or one the backend cannot run, naming what it can. The
+    TensorFlow cluster strategies ("multi_worker", "tpu") are made once per process and
+    returned again by later calls.
 
     Example:
 
@@ -251,7 +269,8 @@ def transformer_layout_map(config, device_mesh, model_axis=_MODEL_AXIS):
     """
     if model_axis not in device_mesh.axis_names:
         raise ValueError(
-            f"The device mesh has no axis {model_axis!r}. Received: axis_names={device_mesh.axis_names}"
+            f"The device mesh has no axis {model_axis!r}. "
+            f"Received: axis_names={device_mesh.axis_names}"
         )
     size = device_mesh.shape[list(device_mesh.axis_names).index(model_axis)]
     for name in ("d_model", "d_ff", "num_heads"):
@@ -377,6 +396,9 @@ def _tensorflow_strategy(name, devices, tpu):
     return tf.distribute.get_strategy()
 
 
+# One per process: both connect this process to a cluster when created, which
+# TensorFlow allows once. Later calls (a second scope, "auto" again) get the same one.
+@functools.lru_cache(maxsize=None)
 def _tpu_strategy(tpu):
     import tensorflow as tf
 
@@ -388,8 +410,19 @@ def _tpu_strategy(tpu):
     return tf.distribute.TPUStrategy(resolver)
 
 
+@functools.lru_cache(maxsize=None)
 def _multi_worker_strategy():
-    return _keras_multi_worker_strategy_class()()
+    try:
+        return _keras_multi_worker_strategy_class()()
+    except RuntimeError as error:
+        if "program startup" not in str(error):
+            raise
+        raise RuntimeError(
+            "MultiWorkerMirroredStrategy must be created before TensorFlow runs any op "
+            "(building a dataset or a tokenizer runs ops): call "
+            "keras_transformer.distribute.select_strategy(...) first thing in the program; "
+            "distribution_scope then reuses that strategy."
+        ) from error
 
 
 @functools.lru_cache(maxsize=None)

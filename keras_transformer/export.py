@@ -271,7 +271,9 @@ class ExportCheck:
         return "\n".join(lines)
 
 
-def export_and_check(model_dir, sentences, *, base_dir=DEFAULT_BASE_DIR, name="demo", **kwargs):
+def export_and_check(
+    model_dir, sentences, *, base_dir=DEFAULT_BASE_DIR, name="demo", jit_compile=True, **kwargs
+):
     """Exports `model_dir`, reloads the SavedModel and translates `sentences` with it.
 
     The end of `make demo`: the translations of the reloaded graph are compared with
@@ -281,18 +283,28 @@ def export_and_check(model_dir, sentences, *, base_dir=DEFAULT_BASE_DIR, name="d
         model_dir: a model directory (`model.keras` + `tokenizer.model`).
         sentences: list of str to translate.
         base_dir, name: where to export (`base_dir/name/<next version>/`).
-        **kwargs: more `export_saved_model` arguments (`beam_size`, ...).
+        jit_compile: bool, XLA-compile the in-process `Translator` it compares with.
+        **kwargs: more `export_saved_model` arguments (`beam_size`, `version`, ...).
 
     Returns:
         An `ExportCheck`; `print` it to show the translations.
+
+    Example:
+    >>> print(export_and_check("saved_models/demo", ["on May 29, 2048"],
+    ...                        base_dir="saved_models", name="demo"))
+    SavedModel saved_models/demo/1:
+      'on May 29, 2048' -> 'am 29. Mai 2048'
     """
-    export_dir = export_saved_model(model_dir, base_dir=base_dir, name=name, **kwargs)
+    model, tokenizer = load_model_and_tokenizer(model_dir)
+    export_dir = export_saved_model(model, tokenizer, base_dir=base_dir, name=name, **kwargs)
     translations, _ = translate_with_saved_model(export_dir, sentences)
     translator = Translator(
-        model_dir,
+        model,
+        tokenizer,
         beam_size=kwargs.get("beam_size", DEFAULT_BEAM_SIZE),
         length_penalty=kwargs.get("length_penalty", DEFAULT_ALPHA),
         max_extra=kwargs.get("max_extra"),
+        jit_compile=jit_compile,
     )
     expected = translator.translate(sentences)
     return ExportCheck(

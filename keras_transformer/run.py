@@ -159,7 +159,6 @@ def run_training(run_config, *, print_fn=print):
     """
     if not isinstance(run_config, RunConfig):
         raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
-    from keras_transformer.data.pipeline import make_dataset
 
     model_dir = run_config.model_dir
     os.makedirs(model_dir, exist_ok=True)
@@ -184,25 +183,21 @@ def run_training(run_config, *, print_fn=print):
     with open(os.path.join(model_dir, model_directory.CONFIG_FILE), "w", encoding="utf-8") as file:
         file.write(run_config.to_toml(config))
 
-    repeat = bool(run_config.steps_per_epoch)
-    train_data, train_stats = make_dataset(
-        splits["train"],
-        tokenizer,
-        max_length=config.max_length,
-        tokens_per_batch=config.tokens_per_batch,
-        seed=run_config.seed,
-        repeat=repeat,
+    train_data, validation_data, train_stats = _datasets(run_config, config, splits, tokenizer)
+    counter = _StepCounter()
+    callbacks = default_callbacks(
+        model_dir,
+        keep_checkpoints=run_config.keep_checkpoints,
+        validation_pairs=splits.get("validation") or None,
+        tokenizer=tokenizer,
+        bleu_every_epochs=run_config.bleu_every_epochs,
+        bleu_samples=run_config.bleu_samples,
+        sample_translations=run_config.sample_translations,
+        max_train_seconds=run_config.max_train_seconds or None,
+        jit_compile=run_config.jit_compile is not False,
     )
-    validation_data = None
-    if splits.get("validation"):
-        validation_data, _ = make_dataset(
-            splits["validation"],
-            tokenizer,
-            max_length=config.max_length,
-            tokens_per_batch=config.tokens_per_batch,
-            shuffle=False,
-        )
-
+    # Build, compile and fit in the scope: tf.distribute places variables as they are
+    # made, and keras.distribution (JAX) is set for the scope's duration only.
     with distribution_scope(run_config.strategy, config) as replicas:
         if replicas > 1 and keras.backend.backend() == "jax":
             # JAX shards each batch evenly; token-budget batches vary in size.
@@ -218,49 +213,20 @@ def run_training(run_config, *, print_fn=print):
             jit_compile=run_config.jit_compile,
             steps_per_execution=run_config.steps_per_execution,
         )
-    steps_per_epoch = run_config.steps_per_epoch or train_stats.num_batches
-    tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(train_stats.num_batches, 1)
-    print_fn(
-        f"model: {model.count_params():,} parameters (d_model {config.d_model}, "
-        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, {config.num_heads} "
-        f"heads, d_ff {config.d_ff}, dropout {config.dropout}) on {replicas} replica(s)"
-    )
-    print_fn(
-        f"batches: <= {config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
-        f"real target tokens per batch; {steps_per_epoch} steps per epoch; {train_stats}"
-    )
-    budget = f", at most {run_config.max_train_seconds:g} s" if run_config.max_train_seconds else ""
-    print_fn(
-        f"training: up to {run_config.epochs} epochs{budget}; peak learning rate "
-        f"{_peak_learning_rate(config):.2e} at step {config.warmup_steps}"
-    )
-
-    callbacks = default_callbacks(
-        model_dir,
-        keep_checkpoints=run_config.keep_checkpoints,
-        validation_pairs=splits.get("validation") or None,
-        tokenizer=tokenizer,
-        bleu_every_epochs=run_config.bleu_every_epochs,
-        bleu_samples=run_config.bleu_samples,
-        sample_translations=run_config.sample_translations,
-        max_train_seconds=run_config.max_train_seconds or None,
-        jit_compile=run_config.jit_compile is not False,
-    )
-    start_step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    started = time.monotonic()
-    history = model.fit(
-        train_data,
-        validation_data=validation_data,
-        epochs=run_config.epochs,
-        steps_per_epoch=run_config.steps_per_epoch or None,
-        callbacks=callbacks,
-        verbose=run_config.verbose,
-    )
+        tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(train_stats.num_batches, 1)
+        _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step)
+        started = time.monotonic()
+        history = model.fit(
+            train_data,
+            validation_data=validation_data,
+            epochs=run_config.epochs,
+            steps_per_epoch=run_config.steps_per_epoch or None,
+            callbacks=callbacks + [counter],  # after BackupAndRestore: counts from the restored step
+            verbose=run_config.verbose,
+            shuffle=False,  # the dataset shuffles itself, seeded
+        )
     train_seconds = time.monotonic() - started
-    # BackupAndRestore may have restored a later iteration count than start_step.
-    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations)) - start_step
-    steps = max(steps, 0)
-    tokens_per_second = steps * tokens_per_step / train_seconds if train_seconds else float("nan")
+    tokens_per_second = counter.steps * tokens_per_step / train_seconds if train_seconds else float("nan")
     stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
 
     model.save(os.path.join(model_dir, model_directory.MODEL_FILE))
@@ -268,12 +234,14 @@ def run_training(run_config, *, print_fn=print):
     if os.path.isfile(csv_path) and os.path.getsize(csv_path):
         plot_training_curves(csv_path, os.path.join(model_dir, model_directory.CURVES_FILE))
     print_fn(
-        f"trained {steps} steps in {train_seconds:.0f} s ({steps / max(train_seconds, 1e-9):.2f} "
-        f"steps/s, ~{tokens_per_second:,.0f} target tokens/s)"
-        + ("; stopped by the time budget" if stopped else "")
+        f"trained {counter.steps} steps in {train_seconds:.0f} s "
+        f"({counter.steps / max(train_seconds, 1e-9):.2f} steps/s, ~{tokens_per_second:,.0f} "
+        "target tokens/s)" + ("; stopped by the time budget" if stopped else "")
     )
-    print_fn(f"saved {model_directory.MODEL_FILE}, {model_directory.TOKENIZER_FILE}, "
-             f"{model_directory.CONFIG_FILE} and logs in {model_dir}")
+    print_fn(
+        f"saved {model_directory.MODEL_FILE}, {model_directory.TOKENIZER_FILE}, "
+        f"{model_directory.CONFIG_FILE} and logs in {model_dir}"
+    )
     return TrainingResult(
         model_dir=model_dir,
         model=model,
@@ -281,7 +249,7 @@ def run_training(run_config, *, print_fn=print):
         splits=splits,
         history=history,
         train_seconds=train_seconds,
-        steps=steps,
+        steps=counter.steps,
         target_tokens_per_second=tokens_per_second,
         stopped_by_time_budget=stopped,
     )
@@ -307,6 +275,66 @@ def write_metrics(model_dir, metrics):
         json.dump(metrics, file, indent=2, sort_keys=True)
         file.write("\n")
     return path
+
+
+class _StepCounter(keras.callbacks.Callback):
+    """Optimizer steps taken by this `fit`, counted from the (possibly restored) start."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+        self._start = 0
+
+    def _iterations(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def on_train_begin(self, logs=None):
+        self._start = self._iterations()
+
+    def on_train_end(self, logs=None):
+        self.steps = self._iterations() - self._start
+
+
+def _datasets(run_config, config, splits, tokenizer):
+    """Training and validation batches (token budget, padded to buckets); train stats."""
+    from keras_transformer.data.pipeline import make_dataset
+
+    train_data, train_stats = make_dataset(
+        splits["train"],
+        tokenizer,
+        max_length=config.max_length,
+        tokens_per_batch=config.tokens_per_batch,
+        seed=run_config.seed,
+        repeat=bool(run_config.steps_per_epoch),
+    )
+    validation_data = None
+    if splits.get("validation"):
+        validation_data, _ = make_dataset(
+            splits["validation"],
+            tokenizer,
+            max_length=config.max_length,
+            tokens_per_batch=config.tokens_per_batch,
+            shuffle=False,
+        )
+    return train_data, validation_data, train_stats
+
+
+def _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step):
+    steps_per_epoch = run_config.steps_per_epoch or train_stats.num_batches
+    print_fn(
+        f"model: {model.count_params():,} parameters (d_model {config.d_model}, "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, {config.num_heads} "
+        f"heads, d_ff {config.d_ff}, dropout {config.dropout}) on {replicas} replica(s)"
+    )
+    print_fn(
+        f"batches: <= {config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
+        f"real target tokens per batch; {steps_per_epoch} steps per epoch; {train_stats}"
+    )
+    budget = f", at most {run_config.max_train_seconds:g} s" if run_config.max_train_seconds else ""
+    print_fn(
+        f"training: up to {run_config.epochs} epochs{budget}; peak learning rate "
+        f"{_peak_learning_rate(config):.2e} at step {config.warmup_steps}"
+    )
 
 
 def _target_tokens(tokenizer, pairs, sample_size=100_000):

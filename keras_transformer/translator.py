@@ -4,9 +4,10 @@ The object user scripts hold: it loads a model directory (`model.keras` and
 `tokenizer.model`) or takes a model and its tokenizer, and translates lists of
 strings on any Keras backend. Sentences are tokenized with the sentencepiece model
 in Python, sorted by length, batched, padded to a few shapes (the training
-pipeline's length buckets, and batch sizes rounded up to powers of two: the compiled
-decoder of `keras_transformer.compiled` traces, and on TensorFlow and JAX compiles,
-once per shape, not once per batch), decoded, detokenized and put back in the caller's order.
+pipeline's length buckets, and batch sizes rounded up to powers of two), decoded,
+detokenized and put back in the caller's order. The compiled decoder of
+`keras_transformer.compiled` traces (and on TensorFlow and JAX compiles) once per
+shape, so a long stream of sentences costs a handful of compilations, not one per batch.
 """
 
 import math
@@ -25,7 +26,6 @@ from keras_transformer.model_directory import MODEL_FILE
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
 
 DEFAULT_BATCH_SIZE = 64
-
 
 
 class Translator:
@@ -71,9 +71,9 @@ class Translator:
             `tokenizer.model`.
 
     Example:
-    >>> translator = Translator("runs/demo/model")
-    >>> translator.translate(["the third of may", ""])
-    ['der dritte Mai', '']
+    >>> translator = Translator("saved_models/demo")
+    >>> translator.translate(["on May 29, 2048", ""])
+    ['am 29. Mai 2048', '']
     """
 
     def __init__(
@@ -90,7 +90,11 @@ class Translator:
         model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
         _check_positive_int("beam_size", beam_size)
         _check_positive_int("batch_size", batch_size)
-        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty < 0:
+        if (
+            isinstance(length_penalty, bool)
+            or not isinstance(length_penalty, (int, float))
+            or length_penalty < 0
+        ):
             raise ValueError(
                 f"`length_penalty` must be a number >= 0. Received: length_penalty={length_penalty!r}"
             )

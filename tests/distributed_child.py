@@ -115,11 +115,13 @@ def run_multi_worker():
 
     from keras_transformer import distribute
 
+    # First thing, before TensorFlow runs an op: the strategy connects to the cluster.
+    early = distribute.select_strategy("auto")
     task_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     work_dir = os.environ["WORK_DIR"]
     chief = distribute.is_chief()
-    # Every worker saves (saving reads mirrored variables in step with the others);
-    # only the chief's files are kept, the others write to a scratch directory.
+    # Every worker checkpoints, each to its own directory (TensorFlow's multi-worker
+    # recipe); the chief's directory is the one a run keeps.
     own_dir = os.path.join(work_dir, "chief" if chief else f"worker_{task_index}")
     callbacks = [
         keras.callbacks.BackupAndRestore(os.path.join(own_dir, "backup")),
@@ -133,6 +135,7 @@ def run_multi_worker():
         "engine": type(engine).__name__,
         "replicas": distribute.num_replicas(engine),
         "is_chief": chief,
+        "same_engine": engine is early,
         "checkpoint": os.path.exists(os.path.join(own_dir, "model.weights.h5")),
     }
 

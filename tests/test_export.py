@@ -1,7 +1,8 @@
 """SavedModel export: a served graph that translates as the in-process Translator does.
 
 The exports are loaded in a fresh Python process that imports `tensorflow` (and, for
-the text signature, `tensorflow_text`) and not this package, as a server would. Exporting traces beam search into a TF graph, so these tests run on the
+the text signature, `tensorflow_text`) and not this package, as a server would.
+Exporting traces beam search into a TF graph, so these tests run on the
 TensorFlow backend; on JAX and PyTorch only the refusal is checked.
 """
 
@@ -21,6 +22,7 @@ from keras_transformer.special_tokens import EOS_ID
 from keras_transformer.translator import pad_batch
 
 ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+SOURCE = "cats see trees"
 needs_tensorflow = pytest.mark.skipif(
     not ON_TENSORFLOW, reason="SavedModel export needs the TensorFlow backend"
 )
@@ -58,7 +60,13 @@ def exports(model_dir, tmp_path_factory):
     if not ON_TENSORFLOW:
         pytest.skip("SavedModel export needs the TensorFlow backend")
     base = tmp_path_factory.mktemp("saved_models")
-    full = export.export_saved_model(model_dir, base_dir=str(base), name="tiny", beam_size=BEAM_SIZE)
+    # The full export through make demo's path: export, reload in-process, compare.
+    check = export.export_and_check(
+        model_dir, [SOURCE, ""], base_dir=str(base), name="tiny", beam_size=BEAM_SIZE, jit_compile=False
+    )
+    assert check.agrees == [True, True] and check.translations[1] == ""
+    assert f"{SOURCE!r} -> {check.translations[0]!r}" in str(check)
+    full = check.export_dir
     ids_only = export.export_saved_model(
         model_dir, base_dir=str(base), name="tiny", beam_size=BEAM_SIZE, ids_only=True
     )
@@ -67,7 +75,11 @@ def exports(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(exports, translator, sentences):
-    """What a fresh process without Keras gets from the exports, and the inputs it was given."""
+    """What fresh processes without this package get from the exports.
+
+    Returns `(result, request, cli_output)`: the loader's JSON answer, what it was
+    asked, and `saved_model_cli show --all` of the full export (run concurrently).
+    """
     _, full, ids_only = exports
     batch7 = sentences[:4] + ["", sentences[4], "  "]  # 5 texts: batches of 4 and 1
     ids = [ids + [EOS_ID] for ids in translator.tokenizer.encode(sentences[:3])]
@@ -78,16 +90,15 @@ def served(exports, translator, sentences):
         "ids": pad_batch(ids, 16, 4)[:3].tolist(),
     }
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    completed = subprocess.run(
-        [sys.executable, "-c", LOADER],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1]), request
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    shown = subprocess.Popen([cli, "show", "--all", "--dir", full], **pipes)
+    loader = subprocess.Popen([sys.executable, "-c", LOADER], stdin=subprocess.PIPE, **pipes)
+    stdout, stderr = loader.communicate(json.dumps(request), timeout=300)
+    assert loader.returncode == 0, stderr[-3000:]
+    cli_stdout, cli_stderr = shown.communicate(timeout=300)
+    assert shown.returncode == 0, cli_stderr[-2000:]
+    return json.loads(stdout.strip().splitlines()[-1]), request, cli_stdout
 
 
 @needs_tensorflow
@@ -102,7 +113,7 @@ def test_exports_land_in_the_tf_serving_layout_with_the_next_version(exports):
 
 @needs_tensorflow
 def test_saved_model_translates_like_the_translator_without_keras(served, translator):
-    result, request = served
+    result, request, _ = served
     # No model code was imported (`import tensorflow` itself imports keras, but nothing
     # of keras is called: the graph and its variables come from the SavedModel alone).
     assert result["modules"] == []
@@ -118,7 +129,7 @@ def test_saved_model_translates_like_the_translator_without_keras(served, transl
 
 @needs_tensorflow
 def test_token_id_signatures_match_the_translator(served, translator, sentences):
-    result, _ = served
+    result, _, _ = served
     expected, expected_scores = translator.translate(sentences[:3], return_scores=True)
     for name in ("translate_ids", "ids_only"):
         tokens = result[name]["output_ids"]
@@ -151,17 +162,8 @@ def test_graphs_hold_no_xla_only_ops(exports):
 
 
 @needs_tensorflow
-def test_saved_model_cli_lists_both_signatures(exports):
-    _, full, _ = exports
-    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-    shown = subprocess.run(
-        [cli, "show", "--all", "--dir", full],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        timeout=300,
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
+def test_saved_model_cli_lists_both_signatures(served):
+    _, _, shown = served
     for expected in (
         "signature_def['serving_default']",
         "signature_def['translate_ids']",
@@ -171,7 +173,7 @@ def test_saved_model_cli_lists_both_signatures(exports):
         "inputs['encoder_inputs'] tensor_info:\n        dtype: DT_INT32\n        shape: (-1, -1)",
         "outputs['output_ids'] tensor_info:\n        dtype: DT_INT32\n        shape: (-1, -1)",
     ):
-        assert expected in shown.stdout
+        assert expected in shown
 
 
 @needs_tensorflow
@@ -219,6 +221,10 @@ def test_bad_names_and_versions_are_refused(model_dir, tmp_path):
 def test_other_backends_are_told_how_to_export(model_dir, tmp_path):
     if ON_TENSORFLOW:
         pytest.skip("the refusal is for the JAX and PyTorch backends")
-    with pytest.raises(RuntimeError, match=r"needs the TensorFlow backend, but this process runs KERAS_BACKEND='(jax|torch)'.*KERAS_BACKEND=tensorflow python -m training.export"):
+    message = (
+        r"needs the TensorFlow backend, but this process runs KERAS_BACKEND='(jax|torch)'"
+        r".*KERAS_BACKEND=tensorflow python -m training.export"
+    )
+    with pytest.raises(RuntimeError, match=message):
         export.export_saved_model(model_dir, base_dir=str(tmp_path))
     assert not os.listdir(tmp_path)

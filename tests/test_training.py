@@ -114,11 +114,11 @@ TARGET_WORDS = "rot blau gruen schwarz weiss klein gross alt neu eins zwei drei"
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    """Parallel files of 1-4 word toy pairs (target reversed): 100 train, 8 validation."""
+    """Parallel files of 1-2 word toy pairs (target reversed): 100 train, 8 validation."""
     rng = np.random.default_rng(0)
     directory = tmp_path_factory.mktemp("corpus")
     for split, count in (("train", 100), ("validation", 8)):
-        words = [rng.integers(0, 12, size=1 + i % 4) for i in range(count)]
+        words = [rng.integers(0, 12, size=1 + i % 2) for i in range(count)]
         (directory / f"{split}.en").write_text("".join(" ".join(SOURCE_WORDS[w] for w in ws) + "\n" for ws in words))
         (directory / f"{split}.de").write_text(
             "".join(" ".join(TARGET_WORDS[w] for w in ws[::-1]) + "\n" for ws in words)
@@ -149,7 +149,8 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
         verbose=0,
         model=dict(
             d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-            max_length=16, tokens_per_batch=256, max_decode_extra=4,
+            # max_length 8: one bucket, so one compiled train step (JAX compiles are slow).
+            max_length=8, tokens_per_batch=256, max_decode_extra=4, dropout=0.0,
         ),
     )
     model_dir = train(run_config)
@@ -171,3 +172,25 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
     assert os.path.getsize(os.path.join(model_dir, CURVES_FILE)) > 5000
     assert os.listdir(os.path.join(model_dir, CHECKPOINT_DIR)) == ["epoch_001.weights.h5"]
     assert not os.path.exists(os.path.join(model_dir, "backup"))  # deleted once fit ends
+
+
+def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
+    from keras_transformer.plotting import plot_training_curves, read_csv_log
+
+    csv_path = tmp_path / "log.csv"
+    csv_path.write_text(
+        "epoch,learning_rate,loss,val_bleu,val_loss\n"
+        "0,0.001,3.0,12.5,3.2\n"
+        "1,0.0007,2.0,NA,2.4\n"
+        "2,0.0005,1.5,30.0,2.0\n"
+    )
+    columns = read_csv_log(csv_path)
+    assert columns["loss"] == [3.0, 2.0, 1.5]
+    assert np.isnan(columns["val_bleu"][1]) and columns["val_bleu"][2] == 30.0
+    png = plot_training_curves(csv_path, tmp_path / "plots" / "curves.png")
+    with open(png, "rb") as file:
+        assert file.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(png) > 5000
+    (tmp_path / "other.csv").write_text("epoch,foo\n0,1\n")
+    with pytest.raises(ValueError, match="none of the columns plotted.*Received columns: \\['epoch', 'foo'\\]"):
+        plot_training_curves(tmp_path / "other.csv", tmp_path / "x.png")

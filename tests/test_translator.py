@@ -13,6 +13,7 @@ import pytest
 from tiny_translation import (  # noqa: F401  (session fixtures)
     BATCH_SIZE,
     BEAM_SIZE,
+    MAX_EXTRA,
     MAX_LENGTH,
     model_dir,
     pick_sentences,
@@ -22,8 +23,7 @@ from tiny_translation import (  # noqa: F401  (session fixtures)
 )
 
 import keras_transformer as kt
-from keras_transformer import decoding
-from keras_transformer.special_tokens import EOS_ID
+from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.translator import Translator, pad_batch
 
 
@@ -75,7 +75,10 @@ def test_over_long_input_is_truncated_with_a_warning_naming_it(translator, sente
     long = f"{sentences[0]} {sentences[1]}"
     tokens = len(translator.tokenizer.encode([long])[0])
     assert tokens > translator.max_source_tokens == 15
-    warning = rf"Input 1 has {tokens} tokens, more than the model's maximum source length of 15 tokens .* truncated to its first 15 tokens"
+    warning = (
+        rf"Input 1 has {tokens} tokens, more than the model's maximum source length of 15 "
+        r"tokens .* truncated to its first 15 tokens"
+    )
     with pytest.warns(UserWarning, match=warning):
         translations = translator.translate(["", long])
     assert translations[1] == alone(translator, long)  # `alone` cuts to 15 tokens too
@@ -114,11 +117,24 @@ def test_beam_size_one_is_greedy_search_and_a_model_object_works(translator, mod
         batch_size=len(sentences),
         jit_compile=False,
     )
-    ids = [ids + [EOS_ID] for ids in translator.tokenizer.encode(sentences)]
-    tokens, _ = decoding.greedy_decode(translator.model, pad_batch(ids, MAX_LENGTH, len(ids)))
-    expected = translator.tokenizer.decode(keras.ops.convert_to_numpy(tokens))
     assert greedy.decoder.method == "greedy"
-    assert greedy.translate(sentences) == expected
+    sources = pad_batch([ids + [EOS_ID] for ids in greedy.tokenizer.encode(sentences)], MAX_LENGTH, 8)
+    tokens = keras.ops.convert_to_numpy(greedy.decoder(sources)[0])
+    assert greedy.translate(sentences) == greedy.tokenizer.decode(tokens)
+    # Greedy: each token is the argmax (PAD and BOS excluded) of the teacher-forced
+    # logits after the tokens before it; the EOS that ends the sentence is the argmax
+    # too, or is forced at the sentence's limit (source length + MAX_EXTRA, at most 15).
+    decoder_inputs = np.concatenate([np.full((len(tokens), 1), BOS_ID), tokens[:, :-1]], axis=1)
+    logits = keras.ops.convert_to_numpy(
+        translator.model({"encoder_inputs": sources, "decoder_inputs": decoder_inputs.astype("int32")})
+    )
+    logits[:, :, [PAD_ID, BOS_ID]] = -np.inf
+    limits = np.minimum((sources != PAD_ID).sum(axis=1) + MAX_EXTRA, MAX_LENGTH - 1)
+    for row, sequence in enumerate(tokens.tolist()):
+        length = sequence.index(EOS_ID) + 1
+        best = logits[row, :length].argmax(axis=-1).tolist()
+        assert sequence[: length - 1] == best[: length - 1]
+        assert best[length - 1] == EOS_ID or length == limits[row]
 
 
 def test_xla_compiled_translator_gives_the_same_translations(translator, sentences):
@@ -130,7 +146,8 @@ def test_xla_compiled_translator_gives_the_same_translations(translator, sentenc
 
 def test_tokenizer_of_another_vocabulary_is_refused(translator, sentences):
     other = kt.train_tokenizer(tiny_sentences(), vocab_size=32)
-    with pytest.raises(ValueError, match=r"tokenizer's vocab_size \(32\) differs from the model's config.vocab_size \(48\)"):
+    message = r"tokenizer's vocab_size \(32\) differs from the model's config.vocab_size \(48\)"
+    with pytest.raises(ValueError, match=message):
         Translator(translator.model, tokenizer=other)
 
 
