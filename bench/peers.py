@@ -111,7 +111,9 @@ def make_torch_peer(config):
 
         def forward(self, source_ids, decoder_ids):
             target_length = decoder_ids.shape[1]
-            causal = torch.nn.Transformer.generate_square_subsequent_mask(target_length)
+            # Boolean like the padding masks (True = may not attend), so PyTorch does
+            # not convert between mask kinds at every call.
+            causal = torch.ones(target_length, target_length, dtype=torch.bool).triu(1)
             hidden = self.transformer(
                 self.embed(source_ids),
                 self.embed(decoder_ids),

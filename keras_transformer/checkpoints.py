@@ -141,7 +141,9 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output=None)
         )
     model_path = os.path.join(model_dir, model_directory.MODEL_FILE)
     if not os.path.isfile(model_path):
-        raise FileNotFoundError(f"No {model_directory.MODEL_FILE} in {model_dir} to take the architecture from")
+        raise FileNotFoundError(
+            f"No {model_directory.MODEL_FILE} in {model_dir} to take the architecture from"
+        )
     model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
     average_checkpoints(model, paths)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)

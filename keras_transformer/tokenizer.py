@@ -22,6 +22,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
     gen_sentencepiece_tokenizer,
 )
 
+from keras_transformer.atomic import write_bytes_atomically
 from keras_transformer.special_tokens import (
     BOS_ID,
     BOS_PIECE,
@@ -177,12 +178,11 @@ class SubwordTokenizer(tf.Module):
 
         The file is the plain sentencepiece model, readable by any sentencepiece
         tool, by `load`, and by `keras_hub.tokenizers.SentencePieceTokenizer`.
+        It is written beside its final name and renamed onto it, so a crash while
+        writing leaves any earlier file whole (`keras_transformer.atomic`).
         """
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, MODEL_FILENAME)
-        with open(path, "wb") as file:
-            file.write(self._model_proto)
-        return path
+        return write_bytes_atomically(os.path.join(directory, MODEL_FILENAME), self._model_proto)
 
     @classmethod
     def load(cls, path):

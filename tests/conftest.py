@@ -10,6 +10,13 @@ import pytest  # noqa: E402
 
 import keras_transformer as kt  # noqa: E402
 
+if keras.backend.backend() == "torch":
+    import torch  # noqa: E402
+
+    # The tests' matrices are tiny: one thread avoids thread hand-off costs that dominate
+    # them, and oversubscription when subprocess tests run beside the main process.
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_policy():

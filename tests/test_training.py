@@ -119,7 +119,9 @@ def corpus_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("corpus")
     for split, count in (("train", 100), ("validation", 8)):
         words = [rng.integers(0, 12, size=1 + i % 2) for i in range(count)]
-        (directory / f"{split}.en").write_text("".join(" ".join(SOURCE_WORDS[w] for w in ws) + "\n" for ws in words))
+        (directory / f"{split}.en").write_text(
+            "".join(" ".join(SOURCE_WORDS[w] for w in ws) + "\n" for ws in words)
+        )
         (directory / f"{split}.de").write_text(
             "".join(" ".join(TARGET_WORDS[w] for w in ws[::-1]) + "\n" for ws in words)
         )
@@ -192,5 +194,5 @@ def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
         assert file.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(png) > 5000
     (tmp_path / "other.csv").write_text("epoch,foo\n0,1\n")
-    with pytest.raises(ValueError, match="none of the columns plotted.*Received columns: \\['epoch', 'foo'\\]"):
+    with pytest.raises(ValueError, match=r"none of the columns plotted.*Received columns: \['epoch', 'foo'\]"):
         plot_training_curves(tmp_path / "other.csv", tmp_path / "x.png")

@@ -11,6 +11,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from keras_transformer.checkpoints import CHECKPOINTS_TO_AVERAGE, average_model_directory  # noqa: E402
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
@@ -20,13 +22,19 @@ def main(argv=None):
         "does with the last 5 (base) or 20 (big) checkpoints.",
     )
     parser.add_argument("--model-dir", required=True, help="a training run's model directory")
-    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints (default 5)")
     parser.add_argument(
-        "--output", help="file to write: .keras (whole model) or .weights.h5; default MODEL_DIR/model_averaged.keras"
+        "--last",
+        type=int,
+        default=CHECKPOINTS_TO_AVERAGE,
+        help=f"how many of the newest checkpoints (default {CHECKPOINTS_TO_AVERAGE}, as for the "
+        "paper's base model)",
+    )
+    parser.add_argument(
+        "--output",
+        help="file to write: .keras (whole model) or .weights.h5; "
+        "default MODEL_DIR/model_averaged.keras",
     )
     args = parser.parse_args(argv)
-
-    from keras_transformer.checkpoints import average_model_directory
 
     try:
         output, paths = average_model_directory(args.model_dir, args.last, args.output)

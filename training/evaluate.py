@@ -23,8 +23,12 @@ def main(argv=None):
     parser.add_argument("--model-dir", required=True, help="directory with model.keras and tokenizer.model")
     parser.add_argument("--source", required=True, help="source sentences, one per line")
     parser.add_argument("--reference", required=True, help="reference translations, one per line")
-    parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search (beam 4)")
-    parser.add_argument("--batch-size", type=int, default=128, help="sentences per decoder call (default 128)")
+    parser.add_argument(
+        "--greedy", action="store_true", help="greedy decoding instead of beam search (beam 4)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=128, help="sentences per decoder call (default 128)"
+    )
     parser.add_argument("--output", help="write the translations to this file, one per line")
     parser.add_argument(
         "--write-metrics", action="store_true", help="also write the scores to MODEL_DIR/metrics.json"

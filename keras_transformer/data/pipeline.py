@@ -325,6 +325,10 @@ def make_dataset(
         `BatchedDataset(dataset, stats)`: the `tf.data.Dataset` and its
         `LengthStats`.
 
+    Raises:
+        ValueError: a bad argument, a pair that is not two str, no pairs at
+            all, or no pair short enough for `max_length` (with "drop").
+
     Example:
 
     >>> tokenizer = train_tokenizer(["ein Haus", "a house"] * 10, vocab_size=16)
@@ -362,11 +366,15 @@ def make_dataset(
         tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong
     )
     logger.info("make_dataset: %s", stats)
+    if stats.total == 0:
+        raise ValueError(
+            "`pairs` is empty: there are no sentence pairs to batch. "
+            "Expected at least one (source, target) pair."
+        )
     if stats.kept == 0:
         raise ValueError(
             f"No pair fits max_length={max_length}: all {stats.total} pairs are "
-            "longer (or there are none). Raise max_length or use "
-            "overlong='truncate'."
+            "longer. Raise max_length or use overlong='truncate'."
         )
 
     examples = fit_to_length(tokenized, max_length, overlong)

@@ -1,0 +1,105 @@
+"""Atomic file writes: write beside the target, then rename onto it.
+
+A process killed while it writes a file (SIGKILL, a preempted machine, a full disk)
+must not leave a half-written model where a good one was. Keras writes `.keras` and
+`.weights.h5` files in place, truncating the old file first, so these helpers hand
+Keras a temporary path in the target's directory and `os.replace` it onto the target
+once it is complete and flushed. On POSIX the rename is atomic: a reader sees the old
+file or the new one, never a mix, and a crash leaves at most a hidden `.partial` file
+(which no checkpoint pattern matches) beside an intact target.
+
+Directories (SavedModel exports) have their own helper,
+`keras_transformer.export.write_directory_atomically`.
+"""
+
+import contextlib
+import os
+import uuid
+
+_WEIGHTS_SUFFIX = ".weights.h5"  # Keras refuses save_weights paths without it
+
+
+@contextlib.contextmanager
+def atomic_path(target):
+    """Yields a temporary path beside `target`; renames it onto `target` on success.
+
+    The temporary name is hidden and keeps `target`'s suffix (`.keras`,
+    `.weights.h5`, ...), because Keras checks the suffix of the path it writes. If the
+    body raises, the temporary file is removed and `target` is left as it was.
+
+    Args:
+        target: str or path-like, the file to (re)write.
+
+    Example:
+    >>> with atomic_path("runs/demo/model.keras") as temporary:
+    ...     model.save(temporary)
+    """
+    target = os.fspath(target)
+    directory, name = os.path.split(os.path.abspath(target))
+    os.makedirs(directory, exist_ok=True)
+    suffix = _WEIGHTS_SUFFIX if name.endswith(_WEIGHTS_SUFFIX) else os.path.splitext(name)[1]
+    # "tmp" before the suffix: checkpoint patterns like `(\d+)\.weights\.h5$` never match.
+    temporary = os.path.join(directory, f".{name}.partial-{uuid.uuid4().hex[:12]}.tmp{suffix}")
+    try:
+        yield temporary
+        _fsync(temporary)
+        os.replace(temporary, target)
+        _fsync(directory)  # the rename itself survives a power cut
+    finally:
+        if os.path.lexists(temporary):
+            os.remove(temporary)
+
+
+def save_model_atomically(model, path, **kwargs):
+    """`model.save(path, **kwargs)` through `atomic_path`; returns `path`.
+
+    Example:
+    >>> save_model_atomically(model, "runs/demo/model.keras")
+    'runs/demo/model.keras'
+    """
+    with atomic_path(path) as temporary:
+        model.save(temporary, **kwargs)
+    return path
+
+
+def save_weights_atomically(model, path):
+    """`model.save_weights(path)` through `atomic_path`; returns `path`.
+
+    Example:
+    >>> save_weights_atomically(model, "runs/demo/checkpoints/epoch_003.weights.h5")
+    'runs/demo/checkpoints/epoch_003.weights.h5'
+    """
+    with atomic_path(path) as temporary:
+        model.save_weights(temporary)
+    return path
+
+
+def write_bytes_atomically(path, data):
+    """Writes `data` (bytes) to `path` through `atomic_path`; returns `path`.
+
+    Example:
+    >>> write_bytes_atomically("runs/demo/tokenizer.model", tokenizer.model_proto)
+    'runs/demo/tokenizer.model'
+    """
+    with atomic_path(path) as temporary:
+        with open(temporary, "wb") as file:
+            file.write(data)
+    return path
+
+
+def _fsync(path):
+    """Flushes a file or directory to disk; a no-op where the OS cannot (Windows dirs)."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+__all__ = ["atomic_path", "save_model_atomically", "save_weights_atomically", "write_bytes_atomically"]
