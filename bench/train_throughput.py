@@ -25,8 +25,15 @@ Keras is imported):
     .venv/bin/python bench/train_throughput.py
     .venv/bin/python bench/train_throughput.py --backends jax --presets small --rounds 5
 
+    .venv/bin/python bench/train_throughput.py --cpus 1   # one pinned core
+
 Writes bench/results/train_throughput.json, train_throughput.png (tokens/s) and
-train_mfu.png.
+train_throughput_mfu.png (`train_throughput_cpus_1.*` with `--cpus 1`).
+
+Every time is recorded twice: wall time (what training takes) and the CPU time of the
+process (what it computed). On a machine shared with other work, wall time grows with
+the load and CPU time mostly does not, so a one-core run (`--cpus 1`) compared in CPU
+time is the contention-robust view of the same comparison.
 """
 
 import argparse
@@ -97,7 +104,11 @@ def training_flops(config, batch, source_length, target_length):
 
 # ---------------------------------------------------------------- one backend
 def matmul_peak(framework, size=MATMUL_SIZE, repeats=10):
-    """Best float32 FLOP/s of a `size` x `size` matmul on `framework` (best of `repeats`)."""
+    """Float32 matmul peak on `framework`: `{"wall": FLOP/s, "cpu": FLOP per CPU second}`.
+
+    Times a `size` x `size` @ `size` x `size` product `repeats` times and keeps the best
+    wall time and, separately, the best CPU time of this process (all its threads).
+    """
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -132,14 +143,9 @@ def matmul_peak(framework, size=MATMUL_SIZE, repeats=10):
     else:
         raise ValueError(f"Unknown framework {framework!r}")
     run()
-    best = min(_timed(run) for _ in range(repeats))
-    return 2.0 * size**3 / best
-
-
-def _timed(function):
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
+    times = [_timed_with_cpu(run) for _ in range(repeats)]
+    flops = 2.0 * size**3
+    return {"wall": flops / min(t[0] for t in times), "cpu": flops / min(t[1] for t in times)}
 
 
 def _timed_with_cpu(function):
@@ -218,7 +224,14 @@ def run_backend(backend, presets, models, rounds):
     keras.utils.set_random_seed(0)
     frameworks = [backend] + (["torch"] if "torch" in models and backend != "torch" else [])
     peaks = {framework: matmul_peak(framework) for framework in frameworks}
-    print(f"[{backend}] matmul peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items()), flush=True)
+    print(
+        f"[{backend}] matmul peak: "
+        + ", ".join(
+            f"{k} {v['wall'] / 1e9:.1f} GFLOP/s ({v['cpu'] / 1e9:.1f} per CPU-second)"
+            for k, v in peaks.items()
+        ),
+        flush=True,
+    )
 
     results = {"backend": backend, "matmul_peak_flops": peaks, "presets": {}}
     for preset in presets:
@@ -269,7 +282,6 @@ def run_backend(backend, presets, models, rounds):
         }
         for name, times in step_times.items():
             best = min(times)
-            peak = peaks["torch" if name == "torch" else backend]
             entry["models"][name] = {
                 "parameters": _parameter_count(name, built[name]),
                 "warmup_seconds": round(warmup[name], 3),
@@ -280,8 +292,9 @@ def run_backend(backend, presets, models, rounds):
                 "cpu_seconds_per_step_best": min(cpu_times[name]),
                 "target_tokens_per_second": batch * LENGTH / best,
                 "achieved_flops": flops / best,
-                "mfu": flops / best / peak,
+                "achieved_flops_per_cpu_second": flops / min(cpu_times[name]),
             }
+            _set_mfu(entry["models"][name], peaks["torch" if name == "torch" else backend])
         entry["ratios"] = _ratios(entry["models"])
         results["presets"][preset] = entry
         _print_preset(backend, preset, entry)
@@ -291,21 +304,39 @@ def run_backend(backend, presets, models, rounds):
     # The peak again at the end: under a varying background load the better of the
     # two is closer to what the hardware can do.
     for framework in frameworks:
-        peaks[framework] = max(peaks[framework], matmul_peak(framework))
-    for preset, entry in results["presets"].items():
+        again = matmul_peak(framework)
+        peaks[framework] = {kind: max(peaks[framework][kind], again[kind]) for kind in again}
+    for entry in results["presets"].values():
         for name, m in entry["models"].items():
-            m["mfu"] = m["achieved_flops"] / peaks["torch" if name == "torch" else backend]
+            _set_mfu(m, peaks["torch" if name == "torch" else backend])
     results["machine"] = machine.machine_info()
     return results
 
 
+def _set_mfu(model_entry, peak):
+    """MFU from wall time over the wall-time peak, and from CPU time over the CPU-time peak.
+
+    With every thread busy and nothing else running the two agree. On a shared machine
+    the wall-time figure drops with the load; the CPU-time one does not, unless threads
+    spin while they wait (PyTorch's OpenMP pool does, under contention).
+    """
+    model_entry["mfu"] = model_entry["achieved_flops"] / peak["wall"]
+    model_entry["mfu_cpu_time"] = model_entry["achieved_flops_per_cpu_second"] / peak["cpu"]
+
+
 def _ratios(models):
-    speed = {name: m["target_tokens_per_second"] for name, m in models.items()}
+    """Speed ratios, ours over each peer: from wall time and from CPU time per step."""
     ratios = {}
     for ours in ("ours", "ours_attn_dropout"):
         for peer in ("keras_hub", "torch"):
-            if ours in speed and peer in speed:
-                ratios[f"{ours}/{peer}"] = speed[ours] / speed[peer]
+            if ours in models and peer in models:
+                ratios[f"{ours}/{peer}"] = (
+                    models[peer]["step_seconds_best"] / models[ours]["step_seconds_best"]
+                )
+                ratios[f"{ours}/{peer} (CPU time)"] = (
+                    models[peer]["cpu_seconds_per_step_best"]
+                    / models[ours]["cpu_seconds_per_step_best"]
+                )
     return ratios
 
 
@@ -315,7 +346,7 @@ def _print_preset(backend, preset, entry):
         print(
             f"    {MODEL_LABELS[name]:<30} {m['target_tokens_per_second']:>9,.0f} target tok/s"
             f"  step {m['step_seconds_best'] * 1e3:8.1f} ms (CPU {m['cpu_seconds_per_step_best'] * 1e3:7.1f} ms)"
-            f"  MFU {m['mfu']:.2f}"
+            f"  MFU {m['mfu']:.2f} (CPU-time MFU {m['mfu_cpu_time']:.2f})"
             f"  (rounds: {', '.join(f'{t * 1e3:.0f}' for t in m['step_seconds_all_rounds'])} ms)",
             flush=True,
         )
@@ -324,7 +355,7 @@ def _print_preset(backend, preset, entry):
 
 
 # ------------------------------------------------------------- all backends
-def gather(backends, presets, models, rounds, output):
+def gather(backends, presets, models, rounds, output, pinned_cpus=None):
     """Runs one subprocess per backend, merges their results, writes JSON and PNGs."""
     start_load = machine.load_average()
     parts = {}
@@ -357,12 +388,14 @@ def gather(backends, presets, models, rounds, output):
         "benchmark": "train_throughput",
         "command": " ".join([pathlib.Path(sys.executable).name] + sys.argv),
         "dtype": "float32",
+        "pinned_cpus": pinned_cpus,
         "flops_formula": training_flops.__doc__,
         "machine": info,
         "backends": parts,
     }
     machine.write_json(output, payload)
-    _plot(payload, pathlib.Path(output).with_suffix(".png"), pathlib.Path(output).parent / "train_mfu.png")
+    output = pathlib.Path(output)
+    _plot(payload, output.with_suffix(".png"), output.with_name(output.stem + "_mfu.png"))
     _print_summary(payload)
     return payload
 
@@ -418,7 +451,14 @@ def main(argv=None):
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {MODELS}")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per model (best counts)")
     parser.add_argument(
-        "--output", default=str(machine.RESULTS_DIR / "train_throughput.json"), help="JSON path"
+        "--cpus",
+        help="comma-separated CPU ids to pin every run to (e.g. 1): each framework then "
+        "sizes its thread pool to them. Default: no pinning, all usable cores",
+    )
+    parser.add_argument(
+        "--output",
+        help="JSON path; PNGs go beside it. Default bench/results/train_throughput.json "
+        "(train_throughput_cpus_<ids>.json with --cpus)",
     )
     parser.add_argument("--part-output", help=argparse.SUPPRESS)  # one backend, used by gather
     args = parser.parse_args(argv)
@@ -433,7 +473,13 @@ def main(argv=None):
         (backend,) = backends
         machine.write_json(args.part_output, run_backend(backend, presets, models, args.rounds))
         return
-    gather(backends, presets, models, args.rounds, args.output)
+    pinned = None
+    if args.cpus:
+        pinned = sorted(int(cpu) for cpu in args.cpus.split(","))
+        os.sched_setaffinity(0, pinned)  # inherited by the per-backend subprocesses
+    stem = "train_throughput" + (f"_cpus_{'-'.join(map(str, pinned))}" if pinned else "")
+    output = args.output or str(machine.RESULTS_DIR / f"{stem}.json")
+    gather(backends, presets, models, args.rounds, output, pinned)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter
 
 _PANELS_PER_ROW = 3
 # (title, [(column, label)]) for each panel; a panel without any of its columns is skipped.
@@ -91,6 +92,9 @@ def plot_training_curves(csv_path, png_path):
         axes.grid(alpha=0.3)
         if title in ("perplexity", "learning rate") and _all_positive(series):
             axes.set_yscale("log")
+            # Plain numbers ("1.2", "6e-04") instead of matplotlib's "1.2 x 10^0" labels.
+            for axis_formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
+                axis_formatter(FormatStrFormatter("%.3g"))
         if len(series) > 1:
             axes.legend()
     png_path = os.fspath(png_path)

@@ -44,7 +44,7 @@ class RunConfig:
 
     # Model: a preset of keras_transformer.config.PRESETS plus overrides ([model] table).
     preset: str = "tiny"
-    model: dict = dataclasses.field(default_factory=dict)
+    model: dict = dataclasses.field(default_factory=dict, hash=False)
 
     # Data. corpus "demo": the built-in generated corpus; "files": data_dir/{split}.{lang};
     # "tsv": data_dir/{split}.tsv (source, target columns); "tfds": tfds_name splits.

@@ -151,11 +151,6 @@ def test_graphs_hold_no_python_function_ops(exports):
 
 
 @needs_tensorflow
-@pytest.mark.xfail(
-    strict=False,
-    reason="layers/attention.py updates the cache with ops.slice_update, which TF traces to "
-    "XlaDynamicUpdateSlice (stock TF Serving refuses it without XLA JIT)",
-)
 def test_graphs_hold_no_xla_only_ops(exports):
     _, full, _ = exports
     assert not [op for op in export.saved_model_op_types(full) if op.startswith("Xla")]

@@ -143,9 +143,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 (query_heads,) = self._project_heads(query, (self.query_dense,), self.key_dim)
                 key_heads, value_heads = self._key_value_heads(key, value)
             if cache is not None:
-                start = [0, cache_update_index, 0, 0]
-                key_heads = ops.slice_update(cache[:, 0], start, key_heads)
-                value_heads = ops.slice_update(cache[:, 1], start, value_heads)
+                key_heads = _write_at(cache[:, 0], cache_update_index, key_heads)
+                value_heads = _write_at(cache[:, 1], cache_update_index, value_heads)
                 cache = ops.stack([key_heads, value_heads], axis=1)
 
         outputs, scores = self._compute_attention(
@@ -282,3 +281,19 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _write_at(cache, index, update):
+    """Writes `update` `[B, T, N, H]` into `cache` `[B, S, N, H]` at positions `index..index+T-1`.
+
+    A select over positions instead of `ops.slice_update`: on TensorFlow that traces to
+    `XlaDynamicUpdateSlice`, which stock TensorFlow Serving refuses to run without XLA
+    JIT (tensorflow/serving#2217), and exported graphs must load there. The extra work
+    is one pass over the cache, which attention reads in full anyway.
+    """
+    length = ops.shape(update)[1]
+    offsets = ops.arange(ops.shape(cache)[1], dtype="int32") - ops.cast(index, "int32")
+    inside = ops.logical_and(ops.greater_equal(offsets, 0), ops.less(offsets, length))
+    written = ops.take(update, ops.clip(offsets, 0, length - 1), axis=1)
+    return ops.where(inside[None, :, None, None], written, cache)
+
