@@ -347,7 +347,7 @@ def test_characters_outside_the_vocabulary_translate_without_error(greedy_transl
     if text.isprintable():  # every row but the last has characters the tiny corpus never saw
         assert UNK_ID in tokenizer.encode([text])[0]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # short inputs: no truncation warning either
+        warnings.simplefilter("error", UserWarning)  # short inputs: no truncation warning either
         translations = greedy_translator.translate([text, "cats see cars"])
     assert translations[0] == _decoded_alone(greedy_translator, text)
     assert all(isinstance(t, str) for t in translations)

@@ -211,7 +211,8 @@ def nan_run(tmp_path_factory):
     keras.utils.set_random_seed(0)
     config = tiny_config(warmup_steps=4)
     model = kt.build_transformer(config)
-    kt.compile_transformer(model, config, jit_compile=False)
+    # A plain graph on TensorFlow (XLA compiles slowly); jit on JAX (eager JAX is slower).
+    kt.compile_transformer(model, config, jit_compile=keras.backend.backend() == "jax")
     model_dir = str(tmp_path_factory.mktemp("nan_run"))
     callbacks = [PoisonWeights(POISON_STEP)] + default_callbacks(model_dir, tensorboard=False)
     inputs, labels = tiny_fit_data()

@@ -65,8 +65,9 @@ def test_package_model_directory_loads_in_safe_mode(tiny_dir):
     model = keras.saving.load_model(str(tiny_dir / MODEL_FILE), safe_mode=True)
     loaded, _ = load_model_and_tokenizer(tiny_dir)  # the package's own loader
     assert isinstance(model, kt.Transformer) and isinstance(loaded, kt.Transformer)
-    inputs = {"encoder_inputs": np.array([[5, 6, 7, 3]], "int32"), "decoder_inputs": np.array([[2, 8, 9]], "int32")}
-    np.testing.assert_array_equal(to_numpy(model(inputs)), to_numpy(loaded(inputs)))
+    assert model.config == loaded.config and len(model.weights) == len(loaded.weights) > 10
+    for weight, other in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(to_numpy(weight), to_numpy(other))
 
 
 def test_compiled_model_with_every_option_round_trips_in_safe_mode(tmp_path):
@@ -74,15 +75,17 @@ def test_compiled_model_with_every_option_round_trips_in_safe_mode(tmp_path):
     config = tiny_config(share_embeddings=False, position_encoding="learned", norm_first=True, warmup_steps=4)
     model = kt.build_transformer(config)
     kt.compile_transformer(model, config, jit_compile=False)
-    inputs = {"encoder_inputs": np.array([[5, 6, 7, 3]], "int32"), "decoder_inputs": np.array([[2, 8, 9]], "int32")}
-    model.train_on_batch(inputs, np.array([[8, 9, 3]], "int32"))
+    model.optimizer.build(model.trainable_variables)  # as after training: Adam's moments exist
+    model.optimizer.iterations.assign(3)
     path = str(tmp_path / MODEL_FILE)
     model.save(path)
     restored = keras.saving.load_model(path, safe_mode=True)
-    np.testing.assert_array_equal(to_numpy(restored(inputs)), to_numpy(model(inputs)))
+    assert restored.config == config
+    for weight, other in zip(model.weights, restored.weights):
+        np.testing.assert_array_equal(to_numpy(weight), to_numpy(other))
     assert restored.optimizer.get_config()["learning_rate"]["class_name"].endswith("TransformerSchedule")
     assert float(to_numpy(restored.optimizer.learning_rate)) == float(to_numpy(model.optimizer.learning_rate))
-    assert int(to_numpy(restored.optimizer.iterations)) == 1
+    assert int(to_numpy(restored.optimizer.iterations)) == 3
     assert type(restored.loss).__name__ == "LabelSmoothedCrossEntropy"
 
 
