@@ -1,8 +1,12 @@
 """The catalogue of bad inputs: one case per row, each with its expected outcome.
 
-The README's "Errors and limits" table lists the same rows.
+docs/errors_and_limits.md (the README's "Errors and limits") lists the same rows, and
+the rows of the sibling files (test_faults, test_properties, test_concurrency,
+test_determinism, test_safe_loading, and the validation tests of each module); the
+last tests here keep that table and the tests in step, both ways.
 """
 
+import ast
 import os
 import re
 import shutil
@@ -118,12 +122,14 @@ def test_bad_model_input_messages_are_identical_on_every_backend(model, bad, mes
             with pytest.raises(ValueError) as raised:
                 model({key: value, other: good})
             assert message.format(key=key) in str(raised.value)
+            filtering = keras.config.is_traceback_filtering_enabled()
             keras.config.disable_traceback_filtering()
             try:
                 with pytest.raises(ValueError) as raised:
                     model({key: value, other: good})
             finally:
-                keras.config.enable_traceback_filtering()
+                if filtering:
+                    keras.config.enable_traceback_filtering()
             assert str(raised.value) == message.format(key=key)
 
 
@@ -377,26 +383,57 @@ def test_errors_and_limits_table_names_only_existing_tests():
             assert f'"{case.rstrip("]")}"' in source, test_id
 
 
-def test_every_catalogue_case_has_a_row_in_the_table():
-    """The reverse: each test of this file, and each of its parametrized cases, is cited."""
-    cited = set(_table_test_ids())
+def _catalogue_ids_here():
+    """`tests/test_bad_inputs.py::name[case]` for each test function and case of this file."""
+    test_ids = []
     for name, function in sorted(globals().items()):
-        if not (name.startswith("test_") and callable(function)) or name.startswith("test_every_catalogue"):
+        if not (name.startswith("test_") and callable(function)) or "table" in name:
             continue
-        if name == "test_errors_and_limits_table_names_only_existing_tests":
-            continue
-        case_ids = [
-            param.id
-            for mark in getattr(function, "pytestmark", [])
-            if mark.name == "parametrize"
-            for param in mark.args[1]
-            if getattr(param, "id", None)
-        ]
-        for mark in getattr(function, "pytestmark", []):
-            if mark.name == "parametrize" and "ids" in mark.kwargs:
-                case_ids += list(mark.kwargs["ids"])
-        expected = [f"tests/test_bad_inputs.py::{name}[{case}]" for case in case_ids] or [
+        marks = [mark for mark in getattr(function, "pytestmark", []) if mark.name == "parametrize"]
+        cases = [param.id for mark in marks for param in mark.args[1] if getattr(param, "id", None)]
+        cases += [case for mark in marks for case in mark.kwargs.get("ids", ())]
+        test_ids += [f"tests/test_bad_inputs.py::{name}[{case}]" for case in cases] or [
             f"tests/test_bad_inputs.py::{name}"
         ]
-        missing = [test_id for test_id in expected if test_id not in cited]
-        assert not missing, f"not in docs/errors_and_limits.md: {missing}"
+    return test_ids
+
+
+def _catalogue_ids_in(filename):
+    """The same for a sibling reliability file, read with `ast` (its cases are literals)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+    with open(path, encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    test_ids = []
+    for node in tree.body:
+        if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+            continue
+        cases = [
+            element.value
+            for decorator in node.decorator_list
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.parametrize"
+            and isinstance(decorator.args[1], ast.List)
+            for element in decorator.args[1].elts
+            if isinstance(element, ast.Constant) and isinstance(element.value, str)
+        ]
+        test_ids += [f"tests/{filename}::{node.name}[{case}]" for case in cases] or [
+            f"tests/{filename}::{node.name}"
+        ]
+    return test_ids
+
+
+RELIABILITY_FILES = (
+    "test_faults.py",
+    "test_properties.py",
+    "test_concurrency.py",
+    "test_determinism.py",
+    "test_safe_loading.py",
+)
+
+
+def test_every_catalogue_case_has_a_row_in_the_table():
+    """The reverse: each case of this file and of the reliability files is cited."""
+    cited = set(_table_test_ids())
+    expected = _catalogue_ids_here() + [test_id for name in RELIABILITY_FILES for test_id in _catalogue_ids_in(name)]
+    missing = [test_id for test_id in expected if test_id not in cited]
+    assert not missing, f"not in docs/errors_and_limits.md: {missing}"
+    assert len(expected) > 60

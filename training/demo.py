@@ -20,9 +20,20 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confi
 SHOWN_TRANSLATIONS = 8
 
 
-def export_for_serving(result):
-    """Where the demo hands its trained model to the SavedModel export (not yet wired)."""
-    return None
+def export_for_serving(result, sentences):
+    """Exports the demo model for TF Serving into `saved_models/demo/<version>/`.
+
+    Then reloads the SavedModel and translates `sentences` through it, next to the
+    in-process `Translator`, so the demo ends by showing that both agree.
+    """
+    from keras_transformer.export import export_and_check
+
+    model_dir = os.path.normpath(result.model_dir)
+    print(
+        export_and_check(
+            model_dir, sentences, base_dir=os.path.dirname(model_dir), name=os.path.basename(model_dir)
+        )
+    )
 
 
 def main(argv=None):
@@ -85,7 +96,7 @@ def main(argv=None):
         f"{scores['exact_match']:.1%} on {scores['test_pairs']} test pairs "
         f"(trained {result.train_seconds:.0f} s, evaluated {eval_seconds:.0f} s) -> {path}"
     )
-    export_for_serving(result)
+    export_for_serving(result, sources[:4])
     return 0
 
 
