@@ -10,10 +10,10 @@ directory (see `keras_transformer.model_directory` for the layout).
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
+import tempfile
 import time
 
 import keras
@@ -107,12 +107,8 @@ def distribution_scope(strategy, config):
     """Builds inside `keras_transformer.distribute.distribution_scope(strategy)`.
 
     Yields the number of data-parallel replicas. An empty `strategy` means "auto" (one
-    device unless several are there). Without the distribute module in this checkout,
-    there is no scope and one replica.
+    device unless several are there).
     """
-    if importlib.util.find_spec("keras_transformer.distribute") is None:
-        yield 1
-        return
     from keras_transformer import distribute
 
     with distribute.distribution_scope(strategy or None, config=config) as engine:
@@ -160,7 +156,16 @@ def run_training(run_config, *, print_fn=print):
     if not isinstance(run_config, RunConfig):
         raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
 
+    from keras_transformer import distribute
+
+    if keras.backend.backend() == "tensorflow":
+        # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
+        # tf.data below); the scope around fit reuses this cached strategy.
+        distribute.select_strategy(run_config.strategy or None)
     model_dir = run_config.model_dir
+    if not distribute.is_chief():
+        # Every worker runs the same callbacks, but only the chief's files are kept.
+        model_dir = tempfile.mkdtemp(prefix="keras_transformer_worker_")
     os.makedirs(model_dir, exist_ok=True)
     resuming = os.path.isdir(os.path.join(model_dir, model_directory.BACKUP_DIR))
     if not resuming:
