@@ -7,14 +7,17 @@ hands every callback the same dict in list order.
 """
 
 import importlib.util
+import math
 import os
 import random
 import time
 import warnings
 
 import keras
+import numpy as np
 
 from keras_transformer import model_directory
+from keras_transformer.atomic import save_weights_atomically
 from keras_transformer.checkpoints import prune_checkpoints
 from keras_transformer.evaluation import make_translator, score_translations
 
@@ -78,29 +81,40 @@ class TimeBudget(keras.callbacks.Callback):
         self._check()
 
 
-class KeepLastCheckpoints(keras.callbacks.ModelCheckpoint):
+class KeepLastCheckpoints(keras.callbacks.Callback):
     """Saves the weights every epoch and deletes all but the newest `keep` files.
 
-    Keras' `ModelCheckpoint` never deletes; the paper averages the last 5 (base) or 20
-    (big) checkpoints (section 6.1), so only those are kept. Files are
-    `directory/epoch_001.weights.h5`, `epoch_002...` (1-based epochs).
+    Keras' `ModelCheckpoint` never deletes and writes in place; the paper averages the
+    last 5 (base) or 20 (big) checkpoints (section 6.1), so only those are kept, and
+    each is written to a temporary file and renamed, so a crash mid-write never leaves
+    a truncated newest checkpoint. An epoch whose loss or weights are not finite (a run
+    stopped by TerminateOnNaN still ends its epoch) is not saved: the newest checkpoint
+    is always the last good one. Files are `directory/epoch_001.weights.h5`, ...
+    (1-based epochs).
 
     Args:
         directory: str, where the files go (created if needed).
         keep: int >= 1, how many of the newest files to keep.
-        **kwargs: passed to `keras.callbacks.ModelCheckpoint` (not `filepath`).
     """
 
-    def __init__(self, directory, keep=5, **kwargs):
+    def __init__(self, directory, keep=5):
+        super().__init__()
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"`keep` must be a positive integer. Received: keep={keep!r}")
-        kwargs.setdefault("save_weights_only", True)
-        super().__init__(os.path.join(directory, model_directory.CHECKPOINT_PATTERN), **kwargs)
         self.directory = directory
         self.keep = keep
 
     def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, logs)
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            warnings.warn(f"Epoch {epoch + 1} ended with loss={loss}; its weights are not checkpointed.")
+            return
+        if not all(np.all(np.isfinite(keras.ops.convert_to_numpy(w))) for w in self.model.weights):
+            warnings.warn(f"Epoch {epoch + 1} ended with non-finite weights; they are not checkpointed.")
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, model_directory.CHECKPOINT_PATTERN.format(epoch=epoch + 1))
+        save_weights_atomically(self.model, path)
         prune_checkpoints(self.directory, self.keep)
 
 

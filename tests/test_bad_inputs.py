@@ -360,7 +360,19 @@ def test_characters_outside_the_vocabulary_translate_without_error(greedy_transl
 
 
 # ---------------------------------------------------------------- the table stays in step
-TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "errors_and_limits.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = os.path.join(ROOT, "docs", "errors_and_limits.md")
+README_SECTION = "## Errors and limits"
+
+
+def _table_rows(path, section=None):
+    """The catalogue rows (table lines citing a test) of `path`, from `section` on if given."""
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    if section is not None:
+        assert section in text, f"{path} has no {section!r} section"
+        text = text[text.index(section):]
+    return [line for line in text.splitlines() if line.startswith("| ") and "`tests/" in line]
 
 
 def _table_test_ids():
@@ -368,15 +380,18 @@ def _table_test_ids():
         return re.findall(r"`(tests/test_\w+\.py::test_\w+(?:\[[^\]`]+\])?)`", file.read())
 
 
+def test_readme_errors_and_limits_table_matches_the_docs_row_for_row():
+    assert _table_rows(os.path.join(ROOT, "README.md"), README_SECTION) == _table_rows(TABLE)
+
+
 def test_errors_and_limits_table_names_only_existing_tests():
     """Every test the docs table cites exists, with its parameter id, in the file it names."""
-    root = os.path.dirname(TABLE)
     cited = _table_test_ids()
     assert len(cited) > 50
     for test_id in cited:
         path, name = test_id.split("::")
         function, _, case = name.partition("[")
-        with open(os.path.join(root, "..", path), encoding="utf-8") as file:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as file:
             source = file.read()
         assert f"def {function}(" in source, test_id
         if case:

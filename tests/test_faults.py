@@ -154,12 +154,6 @@ def test_plain_keras_save_loses_the_previous_file_on_a_crash(tmp_path, monkeypat
         model.load_weights(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KeepLastCheckpoints (callbacks.py) saves through keras.callbacks.ModelCheckpoint, "
-    "which writes epoch_NNN.weights.h5 in place; see the patch in the reliability report "
-    "(save with keras_transformer.atomic.save_weights_atomically). Remove this mark with it.",
-)
 def test_checkpoint_crash_mid_write_leaves_only_whole_checkpoints(tmp_path, monkeypatch):
     model = kt.build_transformer(tiny_config())
     keeper = KeepLastCheckpoints(str(tmp_path), keep=5)
@@ -231,13 +225,6 @@ def test_nan_loss_stops_training_at_the_step_it_appears(nan_run):
         assert len(history.history["loss"]) == 2 and np.isnan(history.history["loss"][1])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TerminateOnNaN stops gracefully, so Keras still calls on_epoch_end and "
-    "KeepLastCheckpoints saves the NaN weights as the newest checkpoint; see the patch in "
-    "the reliability report (TerminateOnNaN(raise_error=True) in default_callbacks). "
-    "Remove this mark with it.",
-)
 def test_after_a_nan_stop_the_newest_checkpoint_is_the_last_good_one(nan_run):
     model, model_dir, _ = nan_run
     newest = latest_checkpoints(os.path.join(model_dir, model_directory.CHECKPOINT_DIR))
