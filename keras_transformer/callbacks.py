@@ -333,7 +333,9 @@ def default_callbacks(
         )
     backup_dir = os.path.join(model_dir, model_directory.BACKUP_DIR)
     resuming = os.path.isdir(backup_dir)
-    callbacks.append(keras.callbacks.BackupAndRestore(backup_dir))
+    # Keras rewrites backup/latest.weights.h5 in place; with double_checkpoint it keeps
+    # the previous one and falls back to it when a kill mid-write left the latest unreadable.
+    callbacks.append(keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True))
     callbacks.append(
         keras.callbacks.CSVLogger(
             os.path.join(model_dir, model_directory.CSV_LOG_FILE), append=resuming

@@ -12,6 +12,8 @@ import re
 import keras
 import numpy as np
 
+from keras_transformer.atomic import save_model_atomically, save_weights_atomically
+
 # Checkpoint averaging, Vaswani et al. (2017), section 6.1: the last 5 (base), 20 (big).
 CHECKPOINTS_TO_AVERAGE = 5
 
@@ -146,11 +148,10 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output=None)
         )
     model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
     average_checkpoints(model, paths)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if output.endswith(".keras"):
-        model.save(output)
+        save_model_atomically(model, output)
     else:
-        model.save_weights(output)
+        save_weights_atomically(model, output)
     return output, paths
 
 

@@ -19,6 +19,7 @@ import time
 import keras
 
 from keras_transformer import model_directory
+from keras_transformer.atomic import save_model_atomically
 from keras_transformer.callbacks import TimeBudget, default_callbacks
 from keras_transformer.model import build_transformer
 from keras_transformer.plotting import plot_training_curves
@@ -234,7 +235,8 @@ def run_training(run_config, *, print_fn=print):
     tokens_per_second = counter.steps * tokens_per_step / train_seconds if train_seconds else float("nan")
     stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
 
-    model.save(os.path.join(model_dir, model_directory.MODEL_FILE))
+    # Renamed into place: a crash while saving leaves an earlier model.keras whole.
+    save_model_atomically(model, os.path.join(model_dir, model_directory.MODEL_FILE))
     csv_path = os.path.join(model_dir, model_directory.CSV_LOG_FILE)
     if os.path.isfile(csv_path) and os.path.getsize(csv_path):
         plot_training_curves(csv_path, os.path.join(model_dir, model_directory.CURVES_FILE))
