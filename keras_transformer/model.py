@@ -66,8 +66,8 @@ class Transformer(keras.Model):
         self._layers_by_role = layers
 
     def call(self, inputs, training=None, mask=None):
-        # Eager calls check token ids: out-of-range ids would otherwise be clamped by
-        # JAX's gather and fail differently on each other backend. Inside compiled
+        # Eager calls check token ids: out-of-range ids would otherwise give NaN logits
+        # on JAX and fail differently on each other backend. Inside compiled
         # functions (fit, predict, tf.function, jax.jit) values are not known, so the
         # check happens at the data and translation boundaries instead.
         if isinstance(inputs, dict):
