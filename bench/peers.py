@@ -9,6 +9,10 @@
   a tied `nn.Embedding` (scaled by sqrt(d_model), plus sinusoids) and the tied output
   projection; Adam with the config's betas and epsilon; `cross_entropy` with
   `label_smoothing` and `ignore_index` = pad.
+- `KerasHubGenerator`: decoding with the keras-hub model's layers the way keras-hub's
+  own encoder-decoder (`BartSeq2SeqLM`) generates: `TransformerDecoder` key/value
+  caches, a `next(prompt, cache, index)` function, `GreedySampler` / `BeamSampler`,
+  compiled as `CausalLM.make_generate_function` does.
 
 Both peers take one `dropout` for residual *and* attention-probability dropout (neither
 library separates them), while ours has `attention_dropout=0` by default (the paper
@@ -19,6 +23,8 @@ names residual and embedding dropout only). The benchmark therefore also times o
 import math
 
 import keras
+
+from keras_transformer.special_tokens import BOS_ID, EOS_ID
 
 PAD_ID = 0
 
@@ -148,3 +154,216 @@ def make_torch_peer(config):
         return loss
 
     return model, step
+
+
+# ------------------------------------------------------------------ decoding peer
+class KerasHubGenerator:
+    """Generation with the keras-hub peer's layers, driven by a keras-hub sampler.
+
+    Follows keras-hub's own encoder-decoder task, `BartSeq2SeqLM.generate_step`
+    (keras_hub/src/models/bart/bart_seq_2_seq_lm.py): the encoder runs once, a decoder
+    call with `cross_attention_cache_update_index=0` projects the encoder output into
+    each layer's cross-attention cache, then `next(prompt, cache, index)` feeds the
+    token at `index - 1` through every `TransformerDecoder` with
+    `self_attention_cache_update_index=index - 1`, and a `keras_hub.samplers.Sampler`
+    loops over it. The prompt is int32 `[B, 1 + L]`: BOS, then L slots the sampler
+    fills (its mask protects BOS). The encoder output and padding mask ride in the
+    cache, as in BART, so `BeamSampler` tiles them to the beams.
+
+    Two departures from BART's code, both in keras-hub's favour: the caches are seeded
+    from BOS alone rather than by a decoder pass over the whole empty prompt, and each
+    layer's cache stays a separate tensor in a tuple rather than being stacked into one
+    `[B, layers, 2, L, N, H]` tensor (which costs a copy of the whole cache per step).
+
+    `next_uncached` is the no-cache baseline: at each step it reruns the decoder stack
+    over the whole prompt (the causal mask hides the empty slots; the encoder output
+    is reused) and keeps the logits at `index - 1`.
+
+    Args:
+        model: the functional model from `build_keras_hub_transformer`.
+        config: its `TransformerConfig`.
+
+    Example:
+    >>> generator = KerasHubGenerator(build_keras_hub_transformer(config), config)
+    >>> generate = generator.generate_function(keras_hub.samplers.GreedySampler(), 32)
+    >>> token_ids = generate(source_ids)  # [B, 33]: BOS, then 32 generated ids
+    """
+
+    def __init__(self, model, config, bos_id=BOS_ID):
+        self.model = model
+        self.config = config
+        self.bos_id = bos_id
+        self.embedding = model.get_layer("token_embedding")
+        self.encoder_positions = model.get_layer("encoder_positions")
+        self.decoder_positions = model.get_layer("decoder_positions")
+        self.encoder_layers = [model.get_layer(f"encoder_layer_{i}") for i in range(config.num_encoder_layers)]
+        self.decoder_layers = [model.get_layer(f"decoder_layer_{i}") for i in range(config.num_decoder_layers)]
+        self.scale = math.sqrt(config.d_model)
+
+    def _embed(self, token_ids, positions, start_index=0):
+        # As `build_keras_hub_transformer`'s `embed`, without the (inference no-op) dropout.
+        x = self.embedding(token_ids) * self.scale
+        return x + positions(x, start_index=start_index)
+
+    def encode(self, source_ids):
+        """`(encoder_outputs [B, S, D], encoder_padding_mask [B, S])`."""
+        mask = keras.ops.not_equal(source_ids, PAD_ID)
+        x = self._embed(source_ids, self.encoder_positions)
+        for layer in self.encoder_layers:
+            x = layer(x, padding_mask=mask)
+        return x, mask
+
+    def call_with_cache(self, token_ids, index, cache, cross_update_index=None):
+        """Decoder stack on `token_ids [B, 1]` at position `index`: `(logits [B, 1, V], cache)`.
+
+        `cache` is `(self_caches, encoder_outputs, encoder_padding_mask, cross_caches)`,
+        caches being tuples with one `[B, 2, length, N, H]` tensor per layer.
+        """
+        self_caches, encoder_outputs, encoder_mask, cross_caches = cache
+        x = self._embed(token_ids, self.decoder_positions, start_index=index)
+        new_self, new_cross = [], []
+        for layer, self_cache, cross_cache in zip(self.decoder_layers, self_caches, cross_caches):
+            x, self_cache, cross_cache = layer(
+                decoder_sequence=x,
+                encoder_sequence=encoder_outputs,
+                encoder_padding_mask=encoder_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+                cross_attention_cache_update_index=cross_update_index,
+            )
+            new_self.append(self_cache)
+            new_cross.append(cross_cache)
+        logits = self.embedding(x, reverse=True)
+        return logits, (tuple(new_self), encoder_outputs, encoder_mask, tuple(new_cross))
+
+    def initial_cache(self, source_ids, prompt_length):
+        """The sampler's cache for a `[B, prompt_length]` prompt, cross-attention projected."""
+        encoder_outputs, encoder_mask = self.encode(source_ids)
+        batch, source_length = keras.ops.shape(source_ids)[0], keras.ops.shape(source_ids)[1]
+        head_dim = self.config.d_model // self.config.num_heads
+        layers = len(self.decoder_layers)
+
+        def zeros(length):
+            shape = (batch, 2, length, self.config.num_heads, head_dim)
+            return tuple(keras.ops.zeros(shape, dtype=self.model.compute_dtype) for _ in range(layers))
+
+        cache = (zeros(prompt_length), encoder_outputs, encoder_mask, zeros(source_length))
+        bos = keras.ops.full((batch, 1), self.bos_id, dtype="int32")
+        _, cache = self.call_with_cache(bos, 0, cache, cross_update_index=0)
+        return cache
+
+    def next(self, prompt, cache, index):
+        """keras-hub's `next(prompt, cache, index) -> (logits [B, V], hidden, cache)`, cached."""
+        previous = index - 1  # the cache index is the index of the previous token
+        token_ids = keras.ops.slice(prompt, [0, previous], [keras.ops.shape(prompt)[0], 1])
+        logits, cache = self.call_with_cache(token_ids, previous, cache)
+        return keras.ops.squeeze(logits, axis=1), None, cache
+
+    def next_uncached(self, prompt, cache, index):
+        """As `next`, but reruns the decoder over the whole prompt; `cache` = encoder output, mask."""
+        encoder_outputs, encoder_mask = cache
+        x = self._embed(prompt, self.decoder_positions)
+        for layer in self.decoder_layers:
+            x = layer(x, encoder_outputs, encoder_padding_mask=encoder_mask)
+        logits = self.embedding(x, reverse=True)
+        return keras.ops.take(logits, index - 1, axis=1), None, cache
+
+    def generate_step(self, source_ids, sampler, output_length, cached=True, stop_token_ids=None):
+        """Runs `sampler` from BOS for `output_length` steps (fewer if every row stopped).
+
+        Returns what the sampler returns: the prompt `[B, 1 + L]` (BOS first), or with
+        `BeamSampler(return_all_beams=True)` all beams `[B, K, 1 + L]` and their log-probs.
+        """
+        batch = keras.ops.shape(source_ids)[0]
+        prompt = keras.ops.concatenate(
+            [
+                keras.ops.full((batch, 1), self.bos_id, dtype="int32"),
+                keras.ops.zeros((batch, output_length), dtype="int32"),
+            ],
+            axis=1,
+        )
+        mask = keras.ops.concatenate(
+            [keras.ops.ones((batch, 1), "bool"), keras.ops.zeros((batch, output_length), "bool")], axis=1
+        )
+        if cached:
+            next_fn, cache = self.next, self.initial_cache(source_ids, output_length + 1)
+        else:
+            next_fn, cache = self.next_uncached, self.encode(source_ids)
+        return sampler(
+            next=next_fn,
+            prompt=prompt,
+            cache=cache,
+            index=1,
+            mask=mask,
+            stop_token_ids=stop_token_ids,
+            model=self.model,
+        )
+
+    def generate_function(self, sampler, output_length, cached=True, stop_token_ids=(EOS_ID,)):
+        """`generate(source_ids [B, S])`, compiled as keras-hub's `CausalLM.make_generate_function`.
+
+        Copied from keras_hub/src/models/causal_lm.py: `tf.function(jit_compile=True)` on
+        TensorFlow; on JAX `jax.jit` of a function that maps the sampler's and the model's
+        variable values onto the variables with `keras.StatelessScope` (stop ids are
+        static, here closed over); eager under `torch.no_grad()` on PyTorch. Stopping at
+        EOS (`stop_token_ids`) is `Seq2SeqLM.generate`'s default.
+        """
+        stop_token_ids = tuple(stop_token_ids) if stop_token_ids is not None else None
+
+        def step(source_ids):
+            return self.generate_step(source_ids, sampler, output_length, cached, stop_token_ids)
+
+        backend = keras.config.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            return tf.function(step, jit_compile=True)
+        if backend == "jax":
+            return self._jax_generate_function(step, sampler)
+        if backend == "torch":
+            import torch
+
+            def run(source_ids):
+                with torch.no_grad():
+                    return step(source_ids)
+
+            return run
+        raise ValueError(f"Unsupported backend {backend!r}; expected tensorflow, jax or torch.")
+
+    def _jax_generate_function(self, step, sampler):
+        import itertools
+
+        import jax
+
+        model = self.model
+
+        @jax.jit
+        def compiled(source_ids, state):
+            sampler_values, trainable_values, non_trainable_values = state
+            mapping = itertools.chain(
+                zip(sampler.variables, sampler_values),
+                zip(model.trainable_variables, trainable_values),
+                zip(model.non_trainable_variables, non_trainable_values),
+            )
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                outputs = step(source_ids)
+            updated = []
+            for variable in sampler.variables:
+                value = scope.get_current_value(variable)
+                updated.append(variable if value is None else value)
+            return outputs, updated
+
+        def run(source_ids):
+            state = (
+                [v.value for v in sampler.variables],
+                [v.value for v in model.trainable_variables],
+                [v.value for v in model.non_trainable_variables],
+            )
+            outputs, sampler_values = compiled(keras.ops.convert_to_tensor(source_ids), state)
+            # Only the sampler's variables (random seeds) change during generation.
+            for variable, value in zip(sampler.variables, sampler_values):
+                variable.assign(value)
+            return outputs
+
+        return run

@@ -14,11 +14,10 @@ import time
 import warnings
 
 import keras
-import numpy as np
 
 from keras_transformer import model_directory
 from keras_transformer.atomic import save_weights_atomically
-from keras_transformer.checkpoints import prune_checkpoints
+from keras_transformer.checkpoints import prune_checkpoints, weights_are_finite
 from keras_transformer.evaluation import make_translator, score_translations
 
 
@@ -109,7 +108,7 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         if loss is not None and not math.isfinite(float(loss)):
             warnings.warn(f"Epoch {epoch + 1} ended with loss={loss}; its weights are not checkpointed.")
             return
-        if not all(np.all(np.isfinite(keras.ops.convert_to_numpy(w))) for w in self.model.weights):
+        if not weights_are_finite(self.model):
             warnings.warn(f"Epoch {epoch + 1} ended with non-finite weights; they are not checkpointed.")
             return
         os.makedirs(self.directory, exist_ok=True)

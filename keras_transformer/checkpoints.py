@@ -155,10 +155,46 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output=None)
     return output, paths
 
 
+def weights_are_finite(model):
+    """Whether every floating-point weight of `model` is finite (no NaN, no inf)."""
+    return all(np.all(np.isfinite(keras.ops.convert_to_numpy(w))) for w in model.weights)
+
+
+def save_final_model(model, path, checkpoint_dir):
+    """Saves `model` to `path` atomically, never with non-finite weights.
+
+    A run stopped by `TerminateOnNaN` ends with NaN weights. Then the newest
+    checkpoint in `checkpoint_dir` (`KeepLastCheckpoints` writes only finite ones) is
+    loaded into `model` first, so `path` holds the last good weights; with no
+    checkpoint to fall back on nothing is written, and any earlier file at `path` is
+    kept.
+
+    Args:
+        model: the trained `keras.Model`.
+        path: str, the `.keras` file to write.
+        checkpoint_dir: str, the directory of `epoch_NNN.weights.h5` checkpoints.
+
+    Returns:
+        `(saved, restored_from)`: whether `path` was written, and the checkpoint the
+        weights were restored from (None when the trained weights were finite).
+    """
+    restored_from = None
+    if not weights_are_finite(model):
+        newest = latest_checkpoints(checkpoint_dir, 1) if os.path.isdir(checkpoint_dir) else []
+        if not newest:
+            return False, None
+        restored_from = newest[-1]
+        model.load_weights(restored_from)
+    save_model_atomically(model, path)
+    return True, restored_from
+
+
 __all__ = [
     "CHECKPOINTS_TO_AVERAGE",
     "latest_checkpoints",
     "prune_checkpoints",
+    "weights_are_finite",
+    "save_final_model",
     "average_checkpoints",
     "average_model_directory",
 ]

@@ -61,7 +61,7 @@ class TransformerConfig:
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            _check_type(field.name, getattr(self, field.name), field.type)
+            check_type(field.name, getattr(self, field.name), field.type)
         for name in (
             "vocab_size",
             "d_model",
@@ -179,14 +179,20 @@ def _check_known_fields(values):
         )
 
 
-def _check_type(name, value, annotation):
-    """Strict types: ints are not floats' stand-ins for bools, bools are not ints."""
+def check_type(name, value, annotation):
+    """Strict types: ints are not floats' stand-ins for bools, bools are not ints.
+
+    Shared with `RunConfig`: `annotation` is bool, int, float, str, dict or
+    `Optional` of one of them.
+    """
     optional = typing.get_origin(annotation) is typing.Union
     if optional:
         if value is None:
             return
         annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
-    if annotation is bool:
+    if annotation is dict:
+        ok = isinstance(value, dict)
+    elif annotation is bool:
         ok = isinstance(value, bool)
     elif annotation is int:
         ok = isinstance(value, int) and not isinstance(value, bool)

@@ -19,8 +19,8 @@ import time
 import keras
 
 from keras_transformer import model_directory
-from keras_transformer.atomic import save_model_atomically
 from keras_transformer.callbacks import TimeBudget, default_callbacks
+from keras_transformer.checkpoints import save_final_model
 from keras_transformer.model import build_transformer
 from keras_transformer.plotting import plot_training_curves
 from keras_transformer.run_config import RunConfig
@@ -235,8 +235,17 @@ def run_training(run_config, *, print_fn=print):
     tokens_per_second = counter.steps * tokens_per_step / train_seconds if train_seconds else float("nan")
     stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
 
-    # Renamed into place: a crash while saving leaves an earlier model.keras whole.
-    save_model_atomically(model, os.path.join(model_dir, model_directory.MODEL_FILE))
+    # Renamed into place: a crash while saving leaves an earlier model.keras whole. After
+    # a NaN stop the weights are the newest (finite) checkpoint's, never the NaN ones.
+    saved, restored_from = save_final_model(
+        model,
+        os.path.join(model_dir, model_directory.MODEL_FILE),
+        os.path.join(model_dir, model_directory.CHECKPOINT_DIR),
+    )
+    if restored_from:
+        print_fn(f"training ended with non-finite weights; {model_directory.MODEL_FILE} holds {restored_from}")
+    elif not saved:
+        print_fn(f"training ended with non-finite weights and no checkpoint: {model_directory.MODEL_FILE} not written")
     csv_path = os.path.join(model_dir, model_directory.CSV_LOG_FILE)
     if os.path.isfile(csv_path) and os.path.getsize(csv_path):
         plot_training_curves(csv_path, os.path.join(model_dir, model_directory.CURVES_FILE))
@@ -306,11 +315,13 @@ def _datasets(run_config, config, splits, tokenizer):
     """Training and validation batches (token budget, padded to buckets); train stats."""
     from keras_transformer.data.pipeline import make_dataset
 
+    boundaries = bucket_boundaries(run_config.bucket_width, config.max_length)
     train_data, train_stats = make_dataset(
         splits["train"],
         tokenizer,
         max_length=config.max_length,
         tokens_per_batch=config.tokens_per_batch,
+        bucket_boundaries=boundaries,
         seed=run_config.seed,
         repeat=bool(run_config.steps_per_epoch),
     )
@@ -321,9 +332,22 @@ def _datasets(run_config, config, splits, tokenizer):
             tokenizer,
             max_length=config.max_length,
             tokens_per_batch=config.tokens_per_batch,
+            bucket_boundaries=boundaries,
             shuffle=False,
         )
     return train_data, validation_data, train_stats
+
+
+def bucket_boundaries(bucket_width, max_length):
+    """The padded bucket lengths for `RunConfig.bucket_width`: None (the default) or N, 2N, ...
+
+    Example:
+    >>> bucket_boundaries(8, 30)
+    [8, 16, 24, 30]
+    """
+    if not bucket_width:
+        return None
+    return list(range(bucket_width, max_length, bucket_width)) + [max_length]
 
 
 def _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step):

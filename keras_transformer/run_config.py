@@ -16,7 +16,7 @@ import tomllib
 import types
 import typing
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.config import TransformerConfig, check_type
 
 CORPORA = ("demo", "files", "tsv", "tfds")
 TOKENIZER_MODEL_TYPES = ("unigram", "bpe")
@@ -59,6 +59,10 @@ class RunConfig:
     demo_num_train: int = 50_000
     demo_seed: int = 0
     max_train_pairs: int = 0  # keep the first N training pairs; 0 keeps all
+    # Padded lengths of the length buckets: 0 gives the default boundaries (multiples of 8
+    # growing ~1.5x); N > 0 gives N, 2N, 3N, ... up to max_length: less padding, more
+    # batch shapes (each one an XLA compilation when jit_compile is on).
+    bucket_width: int = 0
 
     # Tokenizer: one sentencepiece vocabulary for both languages (section 5.1).
     vocab_size: int = 8000
@@ -96,7 +100,7 @@ class RunConfig:
                         f'`jit_compile` must be "auto", true or false. Received: jit_compile={value!r}'
                     )
                 continue
-            _check_type(field.name, value, field.type)
+            check_type(field.name, value, field.type)
         object.__setattr__(self, "model", dict(self.model))
         for name, choices in (
             ("corpus", CORPORA),
@@ -117,6 +121,7 @@ class RunConfig:
             "bleu_every_epochs",
             "sample_translations",
             "max_train_pairs",
+            "bucket_width",
             "tokenizer_max_sentences",
             "demo_num_train",
         ):
@@ -285,26 +290,6 @@ def _check_known(values):
     if unknown:
         raise ValueError(
             f"Unknown run config key(s): {unknown}. Expected some of: {sorted(known)}"
-        )
-
-
-def _check_type(name, value, annotation):
-    if annotation is dict:
-        ok = isinstance(value, dict)
-    elif annotation is bool:
-        ok = isinstance(value, bool)
-    elif annotation is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif annotation is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif annotation is str:
-        ok = isinstance(value, str)
-    else:  # pragma: no cover - every field has one of the types above
-        ok = True
-    if not ok:
-        raise ValueError(
-            f"`{name}` must be of type {annotation.__name__}. Received: {name}={value!r} "
-            f"(type {type(value).__name__})"
         )
 
 

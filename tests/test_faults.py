@@ -24,7 +24,7 @@ from tiny_reliability import greedy_export, tiny_dir  # noqa: F401  (session fix
 import keras_transformer as kt
 from keras_transformer import atomic, model_directory
 from keras_transformer.callbacks import KeepLastCheckpoints, default_callbacks
-from keras_transformer.checkpoints import latest_checkpoints
+from keras_transformer.checkpoints import latest_checkpoints, save_final_model
 
 ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
 ONCE_ON_TENSORFLOW = pytest.mark.skipif(not ON_TENSORFLOW, reason="runs once, in the tensorflow session")
@@ -232,6 +232,30 @@ def test_after_a_nan_stop_the_newest_checkpoint_is_the_last_good_one(nan_run):
     fresh = kt.build_transformer(model.config)
     fresh.load_weights(newest[-1])
     assert all_finite(fresh)
+
+
+def test_after_a_nan_stop_without_checkpoints_no_model_file_is_written(nan_run, tmp_path):
+    model, _, _ = nan_run
+    path = tmp_path / "model.keras"
+    path.write_bytes(b"an earlier model")
+    saved, restored_from = save_final_model(model, str(path), str(tmp_path / "no_checkpoints"))
+    assert (saved, restored_from) == (False, None)
+    assert path.read_bytes() == b"an earlier model"  # the earlier file is kept as it was
+
+
+def test_after_a_nan_stop_the_final_model_holds_the_last_good_checkpoint(nan_run, tmp_path):
+    model, model_dir, _ = nan_run
+    assert not all_finite(model)  # what run_training has in hand after the NaN stop
+    checkpoint_dir = os.path.join(model_dir, model_directory.CHECKPOINT_DIR)
+    path = str(tmp_path / "model.keras")
+    saved, restored_from = save_final_model(model, path, checkpoint_dir)
+    assert saved and os.path.basename(restored_from) == "epoch_001.weights.h5"
+    final = keras.saving.load_model(path, safe_mode=True)
+    expected = kt.build_transformer(model.config)
+    expected.load_weights(restored_from)
+    assert all_finite(final)
+    for got, want in zip(final.weights, expected.weights):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
 
 
 # ---------------------------------------------------------------- SIGKILL mid-epoch

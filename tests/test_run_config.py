@@ -136,3 +136,17 @@ def test_shipped_configs_parse(name):
     if name == "big":
         assert (model.d_model, model.dropout) == (1024, 0.3)
         assert config.keep_checkpoints == 20
+
+
+def test_bucket_width_gives_evenly_spaced_boundaries():
+    from keras_transformer.run import bucket_boundaries
+
+    assert bucket_boundaries(4, 14) == [4, 8, 12, 14]
+    assert bucket_boundaries(8, 16) == [8, 16]
+    assert bucket_boundaries(0, 64) is None  # the pipeline's default boundaries
+    assert RunConfig().with_overrides(["bucket_width=4"]).bucket_width == 4
+
+
+def test_negative_bucket_width_is_refused():
+    with pytest.raises(ValueError, match=r"`bucket_width` must be >= 0. Received: bucket_width=-4"):
+        RunConfig(bucket_width=-4)

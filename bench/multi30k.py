@@ -1,0 +1,213 @@
+"""Multi30k quality in a wall-clock budget: train, average checkpoints, score test2016.
+
+For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DIR
+(`train`, `val`, `test_2016_flickr` `.de` / `.en` files):
+
+1. trains `training/configs/multi30k.toml` with `max_train_seconds` = the budget
+   (`keras_transformer.run.run_training`: tokenizer, token-budget batches, the warmup
+   schedule, a checkpoint per epoch, TensorBoard / CSV logs), then
+2. averages the newest `--average` epoch checkpoints (the paper's section 6.1), and
+3. translates the 1,000 test2016 sentences with beam 4 (alpha 0.6) and greedily, with
+   the last weights and with the averaged ones, and scores each with sacreBLEU:
+   cased BLEU with the default 13a tokenization (the headline figure), lowercased
+   BLEU (comparable to the "lowercased, tokenized" figures published for Multi30k),
+   and chrF.
+
+The budget counts `model.fit` only (the per-epoch validation loss included); the
+tokenizer, averaging and test decoding come on top and are timed separately.
+
+Usage (one command; the path is an argument, nothing is copied into the repository):
+
+    .venv/bin/python bench/multi30k.py ../shared/data/multi30k --minutes 45
+    .venv/bin/python bench/multi30k.py ../shared/data/multi30k --directions en-de --minutes 45
+    .venv/bin/python bench/multi30k.py ../shared/data/multi30k --minutes 2 --set model.d_model=128
+
+Writes the models to `saved_models/multi30k_<src>_<tgt>/` (training curves, TensorBoard
+logs and the test translations there too) and the scores to
+`bench/results/multi30k.json` (one entry per direction, kept across runs) with a chart,
+`bench/results/multi30k.png`.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import machine  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "training" / "configs" / "multi30k.toml"
+DIRECTIONS = ("de-en", "en-de")
+DECODES = ("beam", "greedy")
+
+
+def sacrebleu_scores(hypotheses, references):
+    """Cased BLEU (13a), lowercased BLEU and chrF of detokenized output, with signatures."""
+    import sacrebleu
+
+    cased = sacrebleu.BLEU()
+    lowercased = sacrebleu.BLEU(lowercase=True)
+    chrf = sacrebleu.CHRF()
+    return {
+        "bleu": cased.corpus_score(hypotheses, [references]).score,
+        "bleu_lowercased": lowercased.corpus_score(hypotheses, [references]).score,
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "signatures": {
+            "bleu": str(cased.get_signature()),
+            "bleu_lowercased": str(lowercased.get_signature()),
+            "chrf": str(chrf.get_signature()),
+        },
+    }
+
+
+def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
+    """Trains, averages and scores one direction; returns its JSON-ready entry."""
+    import keras
+
+    from keras_transformer.checkpoints import average_model_directory
+    from keras_transformer.evaluation import make_translator
+    from keras_transformer.run import run_training
+    from keras_transformer.run_config import RunConfig
+
+    source_lang, target_lang = direction.split("-")
+    run_config = RunConfig.from_toml(str(CONFIG)).with_overrides(list(overrides))
+    run_config = run_config.replace(
+        name=f"multi30k_{source_lang}_{target_lang}",
+        data_dir=str(data_dir),
+        source_lang=source_lang,
+        target_lang=target_lang,
+        max_train_seconds=minutes * 60.0,
+        output_dir=str(output_dir),
+        keep_checkpoints=max(run_config.keep_checkpoints, average),
+    )
+    print(f"=== {direction}: {minutes:g} minutes of training, {run_config.model_dir}", flush=True)
+    result = run_training(run_config)
+
+    started = time.monotonic()
+    averaged_path, averaged_from = average_model_directory(result.model_dir, last=average)
+    averaged = keras.saving.load_model(averaged_path, compile=False, safe_mode=True)
+    average_seconds = time.monotonic() - started
+
+    sources = [source for source, _ in result.splits["test"]]
+    references = [target for _, target in result.splits["test"]]
+    scores = {}
+    for weights, model in (("last", result.model), ("averaged", averaged)):
+        for decode in DECODES:
+            started = time.monotonic()
+            translator = make_translator(
+                model, result.tokenizer, decode, batch_size=run_config.eval_batch_size
+            )
+            translations = translator.translate(sources, progress=True)
+            seconds = time.monotonic() - started
+            key = f"{weights}_{decode}"
+            scores[key] = sacrebleu_scores(translations, references)
+            scores[key]["decode_seconds"] = round(seconds, 1)
+            path = os.path.join(result.model_dir, f"test2016_{key}.{target_lang}")
+            with open(path, "w", encoding="utf-8") as file:
+                file.write("\n".join(translations) + "\n")
+            print(
+                f"{direction} {key:16s} BLEU {scores[key]['bleu']:.2f}  lowercased "
+                f"{scores[key]['bleu_lowercased']:.2f}  chrF {scores[key]['chrf']:.2f}  "
+                f"({seconds:.0f} s)",
+                flush=True,
+            )
+    config = result.model.config
+    return {
+        "direction": direction,
+        "budget_minutes": minutes,
+        "train_seconds": round(result.train_seconds, 1),
+        "steps": result.steps,
+        "epochs_finished": len(result.history.history.get("loss", [])),
+        "target_tokens_per_second": round(result.target_tokens_per_second, 1),
+        "stopped_by_time_budget": result.stopped_by_time_budget,
+        "parameters": int(result.model.count_params()),
+        "model_config": dataclasses.asdict(config),
+        "run_config_overrides": list(overrides),
+        "averaged_checkpoints": [os.path.basename(p) for p in averaged_from],
+        "average_seconds": round(average_seconds, 1),
+        "validation_loss": [float(x) for x in result.history.history.get("val_loss", [])],
+        "model_dir": os.path.relpath(result.model_dir, ROOT),
+        "test2016": scores,
+    }
+
+
+def _machine_note(info):
+    return (
+        f"{info['cpu_model']}, {info['usable_cores']} cores, load {info.get('load_average_1min_at_start')}"
+        f" at start; TF {info['versions'].get('tensorflow')}, Keras {info['versions'].get('keras')}"
+    )
+
+
+def _plot(entries, path):
+    """Bars of cased sacreBLEU per direction, for each weights x decoding combination."""
+    groups = [entry["direction"] for entry in entries]
+    series = {}
+    for weights in ("last", "averaged"):
+        for decode in DECODES:
+            label = f"{weights} weights, {'beam 4' if decode == 'beam' else 'greedy'}"
+            series[label] = [entry["test2016"][f"{weights}_{decode}"]["bleu"] for entry in entries]
+    minutes = sorted({entry["budget_minutes"] for entry in entries})
+    machine.grouped_bar_chart(
+        path,
+        f"Multi30k test2016, sacreBLEU (cased, 13a) after {'/'.join(f'{m:g}' for m in minutes)} "
+        "min of training",
+        "BLEU",
+        groups,
+        series,
+        note=_machine_note(entries[-1]["machine"]),
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data_dir", help="folder with Multi30k's train/val/test_2016_flickr .de/.en files")
+    parser.add_argument("--directions", default=",".join(DIRECTIONS), help="comma-separated, from de-en,en-de")
+    parser.add_argument("--minutes", type=float, default=45.0, help="wall-clock budget of model.fit per direction")
+    parser.add_argument("--average", type=int, default=5, help="newest epoch checkpoints to average")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a value of training/configs/multi30k.toml (repeatable), e.g. model.dropout=0.3",
+    )
+    parser.add_argument("--output-dir", default=str(ROOT / "saved_models"), help="where the model directories go")
+    parser.add_argument("--results", default=str(machine.RESULTS_DIR / "multi30k.json"), help="JSON to update")
+    args = parser.parse_args(argv)
+
+    directions = [d for d in args.directions.split(",") if d]
+    unknown = sorted(set(directions) - set(DIRECTIONS))
+    if unknown:
+        parser.error(f"unknown direction(s) {unknown}; expected some of {list(DIRECTIONS)}")
+    if not args.minutes > 0:
+        parser.error(f"--minutes must be positive; received {args.minutes}")
+    data_dir = pathlib.Path(args.data_dir)
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            if not (data_dir / f"{split}.{lang}").is_file():
+                parser.error(f"expected {split}.{lang} in {data_dir}; it is missing")
+
+    results_path = pathlib.Path(args.results)
+    payload = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    payload.setdefault("benchmark", "multi30k")
+    payload.setdefault("directions", {})
+    for direction in directions:
+        load_at_start = machine.load_average()
+        entry = run_direction(data_dir, direction, args.minutes, args.average, args.set, args.output_dir)
+        entry["command"] = "python bench/multi30k.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        entry["machine"] = machine.machine_info()
+        entry["machine"]["load_average_1min_at_start"] = load_at_start
+        payload["directions"][direction] = entry
+        machine.write_json(results_path, payload)  # after each direction: a later crash keeps it
+    _plot(list(payload["directions"].values()), results_path.with_suffix(".png"))
+    print(json.dumps({d: {k: round(v["bleu"], 2) for k, v in e["test2016"].items()}
+                      for d, e in payload["directions"].items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
