@@ -22,10 +22,10 @@ Usage (one command; the path is an argument, nothing is copied into the reposito
     .venv/bin/python bench/multi30k.py ../shared/data/multi30k --directions en-de --minutes 45
     .venv/bin/python bench/multi30k.py ../shared/data/multi30k --minutes 2 --set model.d_model=128
 
-Writes the models to `saved_models/multi30k_<src>_<tgt>/` (training curves, TensorBoard
-logs and the test translations there too) and the scores to
-`bench/results/multi30k.json` (one entry per direction, kept across runs) with a chart,
-`bench/results/multi30k.png`.
+Writes the models to `saved_models/multi30k_<src>_<tgt>/` (TensorBoard logs and the
+test translations there too) and the scores to `bench/results/multi30k.json` (one entry
+per direction, kept across runs) with a chart, `bench/results/multi30k.png`, and each
+direction's training curves, `bench/results/multi30k_<src>_<tgt>_curves.png`.
 """
 
 import argparse
@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import sys
 import time
 
@@ -119,13 +120,18 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
                 f"({seconds:.0f} s)",
                 flush=True,
             )
+    # The training curves beside the scores, where the README can show them.
+    curves = pathlib.Path(result.model_dir) / "training_curves.png"
+    if curves.is_file():
+        shutil.copyfile(curves, machine.RESULTS_DIR / f"multi30k_{source_lang}_{target_lang}_curves.png")
     config = result.model.config
     return {
         "direction": direction,
         "budget_minutes": minutes,
         "train_seconds": round(result.train_seconds, 1),
         "steps": result.steps,
-        "epochs_finished": len(result.history.history.get("loss", [])),
+        "epochs_started": len(result.history.history.get("loss", [])),  # the last one cut by the budget
+        "epochs_trained": round(result.steps / max(result.steps_per_epoch, 1), 2),
         "target_tokens_per_second": round(result.target_tokens_per_second, 1),
         "stopped_by_time_budget": result.stopped_by_time_budget,
         "parameters": int(result.model.count_params()),

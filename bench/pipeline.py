@@ -48,7 +48,7 @@ PAD_ID = 0
 def corpus_batches(run_config):
     """`(dataset, stats, prepare_seconds, tokenizer_seconds)` for `run_config`'s train split."""
     from keras_transformer.data.pipeline import make_dataset
-    from keras_transformer.run import load_corpus, prepare_tokenizer
+    from keras_transformer.run import bucket_boundaries, load_corpus, prepare_tokenizer
 
     splits = load_corpus(run_config)
     config = run_config.model_config()
@@ -62,6 +62,7 @@ def corpus_batches(run_config):
         tokenizer,
         max_length=config.max_length,
         tokens_per_batch=config.tokens_per_batch,
+        bucket_boundaries=bucket_boundaries(run_config.bucket_width, config.max_length),
         seed=run_config.seed,
     )
     prepare_seconds = time.perf_counter() - start
@@ -134,6 +135,11 @@ def model_consumption(path):
             ours = entry.get("models", {}).get("ours")
             if ours:
                 rates[f"{preset} / {backend}"] = ours["target_tokens_per_second"]
+    # The real training runs of bench/multi30k.py, when present: what fit consumed.
+    multi30k = path.with_name("multi30k.json")
+    if multi30k.is_file():
+        for direction, entry in json.loads(multi30k.read_text()).get("directions", {}).items():
+            rates[f"multi30k {direction} fit"] = entry["target_tokens_per_second"]
     return rates
 
 

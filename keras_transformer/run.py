@@ -42,6 +42,7 @@ class TrainingResult:
         target_tokens_per_second: float, real target tokens (with EOS) per second of
             `fit`, estimated from the average tokens per batch; NaN if unknown.
         stopped_by_time_budget: bool.
+        steps_per_epoch: int, optimizer steps in one epoch.
     """
 
     model_dir: str
@@ -53,6 +54,7 @@ class TrainingResult:
     steps: int
     target_tokens_per_second: float
     stopped_by_time_budget: bool
+    steps_per_epoch: int = 0
 
 
 def load_corpus(run_config):
@@ -268,6 +270,7 @@ def run_training(run_config, *, print_fn=print):
         steps=counter.steps,
         target_tokens_per_second=tokens_per_second,
         stopped_by_time_budget=stopped,
+        steps_per_epoch=run_config.steps_per_epoch or train_stats.num_batches,
     )
 
 
