@@ -44,12 +44,9 @@ Writes bench/results/decode.json and decode.png (output tokens/s, log scale).
 """
 
 import argparse
-import json
 import os
 import pathlib
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -379,33 +376,13 @@ def _print_length(backend, length, entry, entry_ratios):
 def gather(backends, decoders, lengths, batch, rounds, output):
     """Runs one subprocess per backend, merges their results, writes JSON and PNG."""
     start_load = machine.load_average()
-    parts, failures = {}, {}
-    with tempfile.TemporaryDirectory() as folder:
-        for backend in backends:
-            part = pathlib.Path(folder) / f"{backend}.json"
-            command = [
-                sys.executable,
-                __file__,
-                "--backends",
-                backend,
-                "--decoders",
-                ",".join(decoders),
-                "--lengths",
-                ",".join(map(str, lengths)),
-                "--batch",
-                str(batch),
-                "--rounds",
-                str(rounds),
-                "--part-output",
-                str(part),
-            ]
-            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-            status = subprocess.run(command, env=env).returncode
-            if status != 0:
-                print(f"backend {backend} failed with status {status}", file=sys.stderr)
-                failures[backend] = status
-                continue
-            parts[backend] = json.loads(part.read_text())
+    arguments = [
+        "--decoders", ",".join(decoders),
+        "--lengths", ",".join(map(str, lengths)),
+        "--batch", str(batch),
+        "--rounds", str(rounds),
+    ]
+    parts, failures = machine.run_per_backend(__file__, backends, arguments)
     info = machine.machine_info()
     info["load_average_1min_at_start"] = start_load
     payload = {

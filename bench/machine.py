@@ -11,6 +11,9 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
+import sys
+import tempfile
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -72,6 +75,32 @@ def machine_info():
         "versions": versions,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def run_per_backend(script, backends, arguments):
+    """Runs `script` once per Keras backend, each in a fresh process; returns the parts.
+
+    KERAS_BACKEND is fixed when Keras is imported, so every backend needs its own
+    process. Each child runs `python script --backends B *arguments --part-output F`
+    and writes its JSON to F.
+
+    Returns:
+        `(parts, failures)`: `{backend: the child's JSON}` and `{backend: exit status}`
+        for the children that failed.
+    """
+    parts, failures = {}, {}
+    with tempfile.TemporaryDirectory() as folder:
+        for backend in backends:
+            part = pathlib.Path(folder) / f"{backend}.json"
+            command = [sys.executable, str(script), "--backends", backend, *arguments, "--part-output", str(part)]
+            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+            status = subprocess.run(command, env=env).returncode
+            if status != 0:
+                print(f"backend {backend} failed with status {status}", file=sys.stderr)
+                failures[backend] = status
+                continue
+            parts[backend] = json.loads(part.read_text())
+    return parts, failures
 
 
 def write_json(path, payload):

@@ -41,12 +41,9 @@ time is the contention-robust view of the same comparison.
 
 import argparse
 import gc
-import json
 import os
 import pathlib
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -366,30 +363,8 @@ def _print_preset(backend, preset, entry):
 def gather(backends, presets, models, rounds, output, pinned_cpus=None):
     """Runs one subprocess per backend, merges their results, writes JSON and PNGs."""
     start_load = machine.load_average()
-    parts = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for backend in backends:
-            part = pathlib.Path(folder) / f"{backend}.json"
-            command = [
-                sys.executable,
-                __file__,
-                "--backends",
-                backend,
-                "--presets",
-                ",".join(presets),
-                "--models",
-                ",".join(models),
-                "--rounds",
-                str(rounds),
-                "--part-output",
-                str(part),
-            ]
-            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-            status = subprocess.run(command, env=env).returncode
-            if status != 0:
-                print(f"backend {backend} failed with status {status}", file=sys.stderr)
-                continue
-            parts[backend] = json.loads(part.read_text())
+    arguments = ["--presets", ",".join(presets), "--models", ",".join(models), "--rounds", str(rounds)]
+    parts, _ = machine.run_per_backend(__file__, backends, arguments)
     info = machine.machine_info()
     info["load_average_1min_at_start"] = start_load
     # One denominator for every model: the best float32 matmul rate any framework reached
