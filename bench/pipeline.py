@@ -47,8 +47,8 @@ PAD_ID = 0
 
 def corpus_batches(run_config):
     """`(dataset, stats, prepare_seconds, tokenizer_seconds)` for `run_config`'s train split."""
-    from keras_transformer.data.pipeline import make_dataset
-    from keras_transformer.run import bucket_boundaries, load_corpus, prepare_tokenizer
+    from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
+    from keras_transformer.run import load_corpus, prepare_tokenizer
 
     splits = load_corpus(run_config)
     config = run_config.model_config()
@@ -62,7 +62,7 @@ def corpus_batches(run_config):
         tokenizer,
         max_length=config.max_length,
         tokens_per_batch=config.tokens_per_batch,
-        bucket_boundaries=bucket_boundaries(run_config.bucket_width, config.max_length),
+        bucket_boundaries=evenly_spaced_boundaries(run_config.bucket_width, config.max_length),
         seed=run_config.seed,
     )
     prepare_seconds = time.perf_counter() - start

@@ -316,9 +316,9 @@ class _StepCounter(keras.callbacks.Callback):
 
 def _datasets(run_config, config, splits, tokenizer):
     """Training and validation batches (token budget, padded to buckets); train stats."""
-    from keras_transformer.data.pipeline import make_dataset
+    from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
 
-    boundaries = bucket_boundaries(run_config.bucket_width, config.max_length)
+    boundaries = evenly_spaced_boundaries(run_config.bucket_width, config.max_length)
     train_data, train_stats = make_dataset(
         splits["train"],
         tokenizer,
@@ -339,18 +339,6 @@ def _datasets(run_config, config, splits, tokenizer):
             shuffle=False,
         )
     return train_data, validation_data, train_stats
-
-
-def bucket_boundaries(bucket_width, max_length):
-    """The padded bucket lengths for `RunConfig.bucket_width`: None (the default) or N, 2N, ...
-
-    Example:
-    >>> bucket_boundaries(8, 30)
-    [8, 16, 24, 30]
-    """
-    if not bucket_width:
-        return None
-    return list(range(bucket_width, max_length, bucket_width)) + [max_length]
 
 
 def _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step):

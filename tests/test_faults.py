@@ -244,8 +244,12 @@ def test_after_a_nan_stop_without_checkpoints_no_model_file_is_written(nan_run, 
 
 
 def test_after_a_nan_stop_the_final_model_holds_the_last_good_checkpoint(nan_run, tmp_path):
-    model, model_dir, _ = nan_run
-    assert not all_finite(model)  # what run_training has in hand after the NaN stop
+    nan_model, model_dir, _ = nan_run
+    # A copy of what run_training has in hand after the NaN stop: restoring into it
+    # leaves the shared fixture's NaN weights for the other tests.
+    model = kt.build_transformer(nan_model.config)
+    model.set_weights(nan_model.get_weights())
+    assert not all_finite(model)
     checkpoint_dir = os.path.join(model_dir, model_directory.CHECKPOINT_DIR)
     path = str(tmp_path / "model.keras")
     saved, restored_from = save_final_model(model, path, checkpoint_dir)

@@ -139,11 +139,11 @@ def test_shipped_configs_parse(name):
 
 
 def test_bucket_width_gives_evenly_spaced_boundaries():
-    from keras_transformer.run import bucket_boundaries
+    from keras_transformer.data.pipeline import evenly_spaced_boundaries
 
-    assert bucket_boundaries(4, 14) == [4, 8, 12, 14]
-    assert bucket_boundaries(8, 16) == [8, 16]
-    assert bucket_boundaries(0, 64) is None  # the pipeline's default boundaries
+    assert evenly_spaced_boundaries(4, 14) == [4, 8, 12, 14]
+    assert evenly_spaced_boundaries(8, 16) == [8, 16]
+    assert evenly_spaced_boundaries(0, 64) is None  # the pipeline's default boundaries
     assert RunConfig().with_overrides(["bucket_width=4"]).bucket_width == 4
 
 

@@ -103,6 +103,21 @@ def default_bucket_boundaries(max_length):
     return boundaries + [max_length]
 
 
+def evenly_spaced_boundaries(width, max_length):
+    """Padded bucket lengths `width, 2 * width, ...` up to `max_length`; None for width 0.
+
+    None lets `make_dataset` use `default_bucket_boundaries` (`RunConfig.bucket_width`
+    is 0 by default).
+
+    Example:
+        >>> evenly_spaced_boundaries(4, 14)
+        [4, 8, 12, 14]
+    """
+    if not width:
+        return None
+    return list(range(width, max_length, width)) + [max_length]
+
+
 def bucket_batch_sizes(bucket_boundaries, tokens_per_batch):
     """Examples per batch in each bucket, so that batch * boundary <= tokens_per_batch.
 
