@@ -115,7 +115,7 @@ def ours_decoders(model, length, config):
     """
     from keras import ops
 
-    from keras_transformer.compiled import compile_decoder
+    from keras_transformer.inference.compiled import compile_decoder
 
     compiled = {
         "ours_greedy": compile_decoder(model, "greedy", max_length=length),
@@ -223,7 +223,7 @@ def build_models(config):
     import keras
 
     from bench.peers import build_keras_hub_transformer
-    from keras_transformer.model import build_transformer
+    from keras_transformer.model.transformer import build_transformer
 
     keras.utils.set_random_seed(0)
     ours = build_transformer(config)
@@ -239,7 +239,7 @@ def run_backend(backend, decoders, lengths, batch, rounds):
     from keras import ops
 
     from bench.peers import KerasHubGenerator
-    from keras_transformer.config import TransformerConfig
+    from keras_transformer.model.config import TransformerConfig
 
     if keras.backend.backend() != backend:
         raise RuntimeError(f"Keras was imported with backend {keras.backend.backend()!r}, not {backend!r}.")

@@ -41,12 +41,12 @@ def run_backend(model_dir, methods, limit, batch_size):
     """In a process whose backend is set: time and score each method. Returns a dict."""
     import keras
 
-    from keras_transformer import model_directory
-    from keras_transformer.compiled import compile_decoder
-    from keras_transformer.evaluation import score_translations
-    from keras_transformer.run import load_corpus
-    from keras_transformer.run_config import RunConfig
-    from keras_transformer.translator import Translator, load_model_and_tokenizer
+    from keras_transformer.model import directory as model_directory
+    from keras_transformer.inference.compiled import compile_decoder
+    from keras_transformer.inference.evaluation import score_translations
+    from keras_transformer.train.run import load_corpus
+    from keras_transformer.train.run_config import RunConfig
+    from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     run_config = RunConfig.from_toml(os.path.join(model_dir, model_directory.CONFIG_FILE))

@@ -73,10 +73,10 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
     """Trains, averages and scores one direction; returns its JSON-ready entry."""
     import keras
 
-    from keras_transformer.checkpoints import average_model_directory
-    from keras_transformer.evaluation import make_translator
-    from keras_transformer.run import run_training
-    from keras_transformer.run_config import RunConfig
+    from keras_transformer.train.checkpoints import average_model_directory
+    from keras_transformer.inference.evaluation import make_translator
+    from keras_transformer.train.run import run_training
+    from keras_transformer.train.run_config import RunConfig
 
     source_lang, target_lang = direction.split("-")
     run_config = RunConfig.from_toml(str(CONFIG)).with_overrides(list(overrides))

@@ -48,7 +48,7 @@ PAD_ID = 0
 def corpus_batches(run_config):
     """`(dataset, stats, prepare_seconds, tokenizer_seconds)` for `run_config`'s train split."""
     from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
-    from keras_transformer.run import load_corpus, prepare_tokenizer
+    from keras_transformer.train.run import load_corpus, prepare_tokenizer
 
     splits = load_corpus(run_config)
     config = run_config.model_config()
@@ -156,7 +156,7 @@ def main(argv=None):
     parser.add_argument("--output", default=str(machine.RESULTS_DIR / "pipeline.json"))
     args = parser.parse_args(argv)
 
-    from keras_transformer.run_config import RunConfig
+    from keras_transformer.train.run_config import RunConfig
 
     start_load = machine.load_average()
     corpora = {}

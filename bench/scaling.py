@@ -80,8 +80,8 @@ def child(name, steps, repeats):
 
     import keras_transformer as kt
     from keras_transformer import distribute
-    from keras_transformer.losses import LabelSmoothedCrossEntropy
-    from keras_transformer.precision import loss_scaled_optimizer
+    from keras_transformer.train.losses import LabelSmoothedCrossEntropy
+    from keras_transformer.train.precision import loss_scaled_optimizer
 
     config = kt.TransformerConfig.from_preset(
         PRESET, vocab_size=VOCAB_SIZE, dtype_policy=dtype_policy

@@ -174,7 +174,7 @@ def _fake_batch(config, batch, length, seed):
 
 
 def _keras_runner(model, config, source, decoder, labels, steps):
-    from keras_transformer.training import compile_transformer
+    from keras_transformer.train.compile import compile_transformer
 
     compile_transformer(model, config)
     inputs = {"encoder_inputs": source, "decoder_inputs": decoder}
@@ -216,8 +216,8 @@ def run_backend(backend, presets, models, rounds):
     import torch
 
     from bench.peers import build_keras_hub_transformer
-    from keras_transformer.config import TransformerConfig
-    from keras_transformer.model import build_transformer
+    from keras_transformer.model.config import TransformerConfig
+    from keras_transformer.model.transformer import build_transformer
 
     if keras.backend.backend() != backend:
         raise RuntimeError(

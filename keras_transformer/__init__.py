@@ -1,40 +1,45 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" for Keras 3.
 
-Runs on TensorFlow, JAX and PyTorch (`KERAS_BACKEND`). The model, its layers, the
-schedule, loss, metrics and decoding use `keras.ops` only and are imported eagerly;
-pieces that are TensorFlow by nature (tokenizer, tf.data pipeline, SavedModel export,
-the `Translator` that uses the tokenizer) are imported on first use, so that
-`import keras_transformer` stays light on the JAX and PyTorch backends.
+Runs on TensorFlow, JAX and PyTorch (`KERAS_BACKEND`). The package is laid out by role
+(see docs/architecture.md):
+
+- `layers`: attention, feed-forward, embeddings, encoder and decoder blocks, masks.
+- `model`: `TransformerConfig` (the architecture) and the functional `Transformer`.
+- `data`: corpus readers, the demo corpus, the subword tokenizer, the tf.data pipeline.
+- `train`: the paper's optimizer, schedule, loss and metrics; callbacks, checkpoints,
+  precision, and the whole run from a TOML config.
+- `inference`: cached greedy and beam search, `Translator`, scoring, SavedModel export.
+- `distribute`: distribution strategies on each backend.
+- `cli`: the `kt-*` commands.
+
+Importing the package registers every serializable class (layers, model, schedule, loss,
+metrics), so `keras.saving.load_model("model.keras")` works after `import
+keras_transformer`. The model side uses `keras` and `keras.ops` only and is imported
+here; what is TensorFlow by nature (tokenizer, tf.data pipeline, `Translator`, export)
+is imported on first use, so that the package stays light on the JAX and PyTorch backends.
 """
 
 import importlib
 
-from keras_transformer import layers
-from keras_transformer.config import PRESETS, TransformerConfig
-from keras_transformer.model import Transformer, build_transformer
+from keras_transformer import distribute, layers
+from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from keras_transformer.train.compile import compile_transformer
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy
+from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.train.schedules import TransformerSchedule
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-# name -> module that defines it; imported when first accessed.
+# name -> module that defines it; imported when first accessed (these import TensorFlow).
 _LAZY = {
-    "TransformerSchedule": "keras_transformer.schedules",
-    "LabelSmoothedCrossEntropy": "keras_transformer.losses",
-    "MaskedAccuracy": "keras_transformer.metrics",
-    "Perplexity": "keras_transformer.metrics",
-    "compile_transformer": "keras_transformer.training",
-    "greedy_search": "keras_transformer.decoding",
-    "beam_search": "keras_transformer.decoding",
-    "greedy_decode": "keras_transformer.decoding",
-    "beam_decode": "keras_transformer.decoding",
-    "compile_decoder": "keras_transformer.compiled",
-    "CompiledDecoder": "keras_transformer.compiled",
-    "Translator": "keras_transformer.translator",
-    "SubwordTokenizer": "keras_transformer.tokenizer",
-    "train_tokenizer": "keras_transformer.tokenizer",
-    "export_saved_model": "keras_transformer.export",
-    "average_checkpoints": "keras_transformer.checkpoints",
-    "distribution_scope": "keras_transformer.distribute",
+    "SubwordTokenizer": "keras_transformer.data.tokenizer",
+    "train_tokenizer": "keras_transformer.data.tokenizer",
+    "Translator": "keras_transformer.inference.translator",
+    "export_saved_model": "keras_transformer.inference.export",
+    "RunConfig": "keras_transformer.train.run_config",
+    "run_training": "keras_transformer.train.run",
+    "average_checkpoints": "keras_transformer.train.checkpoints",
 }
 
 
@@ -48,10 +53,16 @@ def __getattr__(name):
 
 __all__ = [
     "layers",
+    "distribute",
     "PRESETS",
     "TransformerConfig",
     "Transformer",
     "build_transformer",
+    "compile_transformer",
+    "TransformerSchedule",
+    "LabelSmoothedCrossEntropy",
+    "MaskedAccuracy",
+    "Perplexity",
     "PAD_ID",
     "UNK_ID",
     "BOS_ID",

@@ -60,7 +60,7 @@ def fit_losses(strategy="default", data=None, callbacks=(), **scope_args):
 
     from keras_transformer import build_transformer
     from keras_transformer.distribute import distribution_scope
-    from keras_transformer.losses import LabelSmoothedCrossEntropy
+    from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 
     keras.utils.set_random_seed(7)
     with distribution_scope(strategy, config=config(), **scope_args) as engine:

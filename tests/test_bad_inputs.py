@@ -20,7 +20,7 @@ from tiny_reliability import greedy_translator, tiny_dir  # noqa: F401  (session
 from tiny_translation import tiny_sentences
 
 import keras_transformer as kt
-from keras_transformer.model_directory import MODEL_FILE
+from keras_transformer.model.directory import MODEL_FILE
 
 GOOD = np.array([[4, 5, 6, 3]], "int32")
 # 100 made-up pairs: each sentence and its words reversed.
@@ -77,8 +77,8 @@ def test_all_padding_source_gives_finite_logits_and_gradients(model):
 def test_check_token_ids_is_the_boundary_check():
     """Compiled calls (fit, predict) cannot inspect values; data and translation call this."""
     with pytest.raises(ValueError, match="outside"):
-        kt.model.check_token_ids(np.array([[1, 99]]), vocab_size=32, name="encoder_inputs")
-    kt.model.check_token_ids(np.array([[0, 31]]), vocab_size=32)  # the edges are valid
+        kt.model.transformer.check_token_ids(np.array([[1, 99]]), vocab_size=32, name="encoder_inputs")
+    kt.model.transformer.check_token_ids(np.array([[0, 31]]), vocab_size=32)  # the edges are valid
 
 
 def _refusals(cases):
@@ -226,7 +226,7 @@ RUN_CONFIG_CASES = [
 
 @pytest.mark.parametrize("lines, overrides, message", RUN_CONFIG_CASES)
 def test_bad_run_config_toml_raises_naming_the_file_and_field(tmp_path, lines, overrides, message):
-    from keras_transformer.run_config import RunConfig
+    from keras_transformer.train.run_config import RunConfig
 
     path = tmp_path / "bad.toml"
     path.write_text(RUN_TOML.format(top=lines.get("top", ""), model=lines.get("model", "")))
@@ -242,7 +242,7 @@ def _make_dataset(pairs, **options):
 
 
 def _tokenizer():
-    from keras_transformer.tokenizer import train_tokenizer
+    from keras_transformer.data.tokenizer import train_tokenizer
 
     if "tokenizer" not in _TOKENIZER:
         _TOKENIZER["tokenizer"] = train_tokenizer(tiny_sentences(), vocab_size=48, model_type="bpe")
@@ -300,8 +300,8 @@ def _model_dir_with(tmp_path, tiny_dir, tokenizer):
 
 
 def test_tokenizer_of_another_vocabulary_in_the_model_directory_is_refused(tmp_path, tiny_dir):
-    from keras_transformer.tokenizer import train_tokenizer
-    from keras_transformer.translator import Translator, load_model_and_tokenizer
+    from keras_transformer.data.tokenizer import train_tokenizer
+    from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
 
     directory = _model_dir_with(tmp_path, tiny_dir, train_tokenizer(tiny_sentences(), vocab_size=32))
     message = r"tokenizer's vocab_size \(32\) differs from the model's config.vocab_size \(48\)"
@@ -312,7 +312,7 @@ def test_tokenizer_of_another_vocabulary_in_the_model_directory_is_refused(tmp_p
 
 
 def test_model_directory_without_its_tokenizer_is_refused(tmp_path, tiny_dir):
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     directory = _model_dir_with(tmp_path, tiny_dir, None)
     with pytest.raises(FileNotFoundError, match=r"No tokenizer model file at .*model/tokenizer.model"):
@@ -323,7 +323,7 @@ def test_model_directory_without_its_tokenizer_is_refused(tmp_path, tiny_dir):
 def _decoded_alone(translator, text):
     """What the translator's decoder makes of `text` cut to fit, alone in a batch of one."""
     from keras_transformer.special_tokens import EOS_ID
-    from keras_transformer.translator import pad_batch
+    from keras_transformer.inference.translator import pad_batch
 
     ids = translator.tokenizer.encode([text])[0][: translator.max_source_tokens]
     tokens, _ = translator.decoder(pad_batch([ids + [EOS_ID]], translator.model.config.max_length, 1))

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer import callbacks as kt_callbacks
-from keras_transformer import model_directory
-from keras_transformer.callbacks import (
+from keras_transformer.train import callbacks as kt_callbacks
+from keras_transformer.model import directory as model_directory
+from keras_transformer.train.callbacks import (
     BleuCallback,
     KeepLastCheckpoints,
     LearningRateLogger,
@@ -30,8 +30,8 @@ FIT_SCRIPT = textwrap.dedent(
     import numpy as np
     import keras
     import keras_transformer as kt
-    from keras_transformer.callbacks import default_callbacks
-    from keras_transformer.training import make_optimizer
+    from keras_transformer.train.callbacks import default_callbacks
+    from keras_transformer.train.compile import make_optimizer
 
     class RecordEpochs(keras.callbacks.Callback):
         def __init__(self):
@@ -100,7 +100,7 @@ class _FakeOptimizerModel:
 
 
 def test_learning_rate_logger_logs_the_schedule_at_the_current_step():
-    from keras_transformer.schedules import TransformerSchedule
+    from keras_transformer.train.schedules import TransformerSchedule
 
     optimizer = keras.optimizers.Adam(TransformerSchedule(16, warmup_steps=4))
     optimizer.iterations.assign(8)
@@ -212,6 +212,6 @@ def test_default_callbacks_order_and_files(tmp_path):
 
 
 def test_model_directory_names_agree_with_the_tokenizer():
-    from keras_transformer.tokenizer import MODEL_FILENAME
+    from keras_transformer.data.tokenizer import MODEL_FILENAME
 
     assert model_directory.TOKENIZER_FILE == MODEL_FILENAME

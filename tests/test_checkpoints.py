@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_config, to_numpy
 
 import keras_transformer as kt
-from keras_transformer.checkpoints import (
+from keras_transformer.train.checkpoints import (
     average_checkpoints,
     average_model_directory,
     latest_checkpoints,

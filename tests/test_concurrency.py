@@ -33,7 +33,7 @@ def test_loaded_saved_model_shared_by_four_threads_gives_sequential_results(gree
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  Registers the tokenizer ops of the graph.
 
-    from keras_transformer.tokenizer import SubwordTokenizer
+    from keras_transformer.data.tokenizer import SubwordTokenizer
 
     _, export_dir = greedy_export
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]

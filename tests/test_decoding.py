@@ -18,8 +18,8 @@ from conftest import tiny_config, to_numpy
 from keras import ops
 
 import keras_transformer as kt
-from keras_transformer import decoding
-from keras_transformer.compiled import CompiledDecoder
+from keras_transformer.inference import decoding
+from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 UNK, A, B = 1, 4, 5  # token ids of the 6-token table vocabulary: PAD UNK BOS EOS A B

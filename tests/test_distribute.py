@@ -19,8 +19,8 @@ from conftest import tiny_config
 import distributed_child
 from keras_transformer import build_transformer
 from keras_transformer import distribute
-from keras_transformer import precision
-from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.train import precision
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 
 BACKEND = keras.backend.backend()
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from tiny_translation import BEAM_SIZE, model_dir, sentences, translator  # noqa: F401
 
-from keras_transformer import export
+from keras_transformer.inference import export
 from keras_transformer.special_tokens import EOS_ID
-from keras_transformer.translator import pad_batch
+from keras_transformer.inference.translator import pad_batch
 
 ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
 SOURCE = "cats see trees"

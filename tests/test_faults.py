@@ -22,9 +22,10 @@ from conftest import tiny_config, to_numpy
 from tiny_reliability import greedy_export, tiny_dir  # noqa: F401  (session fixtures)
 
 import keras_transformer as kt
-from keras_transformer import atomic, model_directory
-from keras_transformer.callbacks import KeepLastCheckpoints, default_callbacks
-from keras_transformer.checkpoints import latest_checkpoints, save_final_model
+from keras_transformer import atomic
+from keras_transformer.model import directory as model_directory
+from keras_transformer.train.callbacks import KeepLastCheckpoints, default_callbacks
+from keras_transformer.train.checkpoints import latest_checkpoints, save_final_model
 
 ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
 ONCE_ON_TENSORFLOW = pytest.mark.skipif(not ON_TENSORFLOW, reason="runs once, in the tensorflow session")
@@ -60,7 +61,7 @@ def all_finite(model):
 def test_export_crash_mid_write_keeps_the_previous_version(greedy_export, tiny_dir, monkeypatch):
     import tensorflow as tf
 
-    from keras_transformer import export
+    from keras_transformer.inference import export
 
     base, version_1 = greedy_export
     model_base = os.path.dirname(version_1)
@@ -110,7 +111,7 @@ def _tokenizer_crash(tokenizer, monkeypatch):
 @pytest.mark.parametrize("what", ["model_keras", "weights_h5", "tokenizer_model"])
 def test_file_crash_mid_write_keeps_the_previous_file(tmp_path, tiny_dir, monkeypatch, what):
     """model.keras, checkpoints and tokenizer.model are written beside and renamed."""
-    from keras_transformer.tokenizer import SubwordTokenizer
+    from keras_transformer.data.tokenizer import SubwordTokenizer
 
     model = kt.build_transformer(tiny_config())
     tokenizer = SubwordTokenizer.load(tiny_dir)
@@ -272,7 +273,7 @@ TRAIN_SCRIPT = textwrap.dedent(
     import numpy as np
     import keras
     import keras_transformer as kt
-    from keras_transformer.callbacks import default_callbacks
+    from keras_transformer.train.callbacks import default_callbacks
 
     STEPS_PER_EPOCH, EPOCHS, PAUSE_STEP = 4, 3, 6
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer.losses import LabelSmoothedCrossEntropy
-from keras_transformer.losses import token_cross_entropy
-from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy
+from keras_transformer.train.losses import token_cross_entropy
+from keras_transformer.train.schedules import TransformerSchedule
 
 # B=2, T=3, V=4. Label 0 is padding: the second sentence has one real token.
 LOGITS = np.array(
@@ -203,7 +203,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, numpy as np
-from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 ids = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]] * 2, dtype="int32")
 labels = np.array([[6, 7, 8, 9, 3], [11, 12, 3, 0, 0]] * 2, dtype="int32")
 def weights_after_one_step(strategy):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer.metrics import MaskedAccuracy
-from keras_transformer.metrics import Perplexity
+from keras_transformer.train.metrics import MaskedAccuracy
+from keras_transformer.train.metrics import Perplexity
 
 # Padded rows have their arg-max at 0 == the padding label: counted, they would be "correct".
 LABELS_1 = np.array([[1, 2, 0]], dtype="int32")

@@ -16,7 +16,7 @@ from keras_transformer.data.pipeline import (
     to_model_inputs,
 )
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
-from keras_transformer.tokenizer import train_tokenizer
+from keras_transformer.data.tokenizer import train_tokenizer
 
 SOURCE_WORDS = "red blue green black white small big old new one two three".split()
 TARGET_WORDS = "rot blau gruen schwarz weiss klein gross alt neu eins zwei drei".split()

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from keras_transformer.run_config import RunConfig
+from keras_transformer.train.run_config import RunConfig
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training", "configs")
 

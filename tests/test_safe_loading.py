@@ -16,7 +16,7 @@ from conftest import tiny_config, to_numpy
 from tiny_reliability import tiny_dir  # noqa: F401  (session fixture)
 
 import keras_transformer as kt
-from keras_transformer.model_directory import MODEL_FILE
+from keras_transformer.model.directory import MODEL_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ("keras_transformer", "training")  # the package and its command-line tools
@@ -60,7 +60,7 @@ def test_every_load_model_call_in_the_package_passes_safe_mode_true():
 
 
 def test_package_model_directory_loads_in_safe_mode(tiny_dir):
-    from keras_transformer.translator import load_model_and_tokenizer
+    from keras_transformer.inference.translator import load_model_and_tokenizer
 
     model = keras.saving.load_model(str(tiny_dir / MODEL_FILE), safe_mode=True)
     loaded, _ = load_model_and_tokenizer(tiny_dir)  # the package's own loader
@@ -90,7 +90,7 @@ def test_compiled_model_with_every_option_round_trips_in_safe_mode(tmp_path):
 
 
 def test_model_file_carrying_python_code_is_refused(tmp_path):
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     inputs = keras.Input((3,))
     keras.Model(inputs, keras.layers.Lambda(lambda x: x * 2)(inputs)).save(str(tmp_path / MODEL_FILE))

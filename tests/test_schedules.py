@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.train.schedules import TransformerSchedule
 
 
 def lr_at_iteration(schedule, iteration):

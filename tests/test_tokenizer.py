@@ -9,7 +9,7 @@ import sentencepiece
 import tensorflow as tf
 
 from keras_transformer import special_tokens
-from keras_transformer.tokenizer import (
+from keras_transformer.data.tokenizer import (
     MODEL_FILENAME,
     SubwordTokenizer,
     train_tokenizer,

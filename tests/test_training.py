@@ -9,11 +9,11 @@ import pytest
 from conftest import tiny_config
 
 import keras_transformer as kt
-from keras_transformer.losses import LabelSmoothedCrossEntropy
-from keras_transformer.metrics import MaskedAccuracy, Perplexity
-from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy
+from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.train.schedules import TransformerSchedule
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
-from keras_transformer.training import compile_transformer, make_optimizer
+from keras_transformer.train.compile import compile_transformer, make_optimizer
 
 
 def quick_jit_compile():
@@ -135,12 +135,12 @@ def corpus_dir(tmp_path_factory):
 
 
 def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
-    from keras_transformer.model_directory import (
+    from keras_transformer.model.directory import (
         CHECKPOINT_DIR, CONFIG_FILE, CSV_LOG_FILE, CURVES_FILE, MODEL_FILE, TOKENIZER_FILE,
     )
-    from keras_transformer.run import train
-    from keras_transformer.run_config import RunConfig
-    from keras_transformer.tokenizer import SubwordTokenizer
+    from keras_transformer.train.run import train
+    from keras_transformer.train.run_config import RunConfig
+    from keras_transformer.data.tokenizer import SubwordTokenizer
 
     run_config = RunConfig(
         name="tiny",
@@ -184,7 +184,7 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
 
 
 def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
-    from keras_transformer.plotting import plot_training_curves, read_csv_log
+    from keras_transformer.train.curves import plot_training_curves, read_csv_log
 
     csv_path = tmp_path / "log.csv"
     csv_path.write_text(

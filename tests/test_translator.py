@@ -24,7 +24,7 @@ from tiny_translation import (  # noqa: F401  (session fixtures)
 
 import keras_transformer as kt
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
-from keras_transformer.translator import Translator, pad_batch
+from keras_transformer.inference.translator import Translator, pad_batch
 
 
 def alone(translator, sentence):

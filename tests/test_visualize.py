@@ -7,8 +7,8 @@ import pytest
 from matplotlib import image as mpimg
 from tiny_translation import model_dir, sentences, translator  # noqa: F401
 
-from keras_transformer.attention_maps import AttentionMaps, attention_maps
-from keras_transformer.plotting import plot_attention_maps
+from keras_transformer.inference.attention_maps import AttentionMaps, attention_maps
+from keras_transformer.inference.attention_maps import plot_attention_maps
 from training import visualize
 
 SOURCE = "cats see trees"

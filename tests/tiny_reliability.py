@@ -36,7 +36,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def greedy_translator(tiny_dir):
     """A greedy `Translator` of `tiny_dir` (a plain tf.function graph on TensorFlow)."""
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     return _once(
         "greedy_translator",
@@ -49,7 +49,7 @@ def greedy_export(tiny_dir, tmp_path_factory):
     """`(base_dir, export_dir)`: a greedy SavedModel export of `tiny_dir` (TensorFlow only)."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("SavedModel export needs the TensorFlow backend")
-    from keras_transformer import export
+    from keras_transformer.inference import export
 
     def make():
         base = tmp_path_factory.mktemp("reliability_exports")

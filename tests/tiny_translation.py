@@ -66,7 +66,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def translator(model_dir):
     """The beam-2 `Translator` of the tiny model directory, traced once per session."""
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     # A plain tf.function graph on TensorFlow (an XLA compile costs ~10 s per shape;
     # test_translator checks once that XLA gives the same); jit-compiled on JAX.

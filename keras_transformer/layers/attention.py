@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import masks as masks_lib
-from keras_transformer.layers.validation import check_positive_int, check_rate, clone_initializer
+from keras_transformer.checks import check_positive_int, check_rate, clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers.validation import check_positive_int, clone_initializer
+from keras_transformer.checks import check_positive_int, clone_initializer
 
 # Positions use wavelengths up to 10000 * 2 pi (Vaswani et al., 2017, 3.5).
 SINUSOID_BASE = 10000.0

@@ -5,7 +5,7 @@ import keras
 from keras_transformer.layers import masks
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.residual import ResidualBlock
-from keras_transformer.layers.validation import clone_initializer
+from keras_transformer.checks import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -3,7 +3,7 @@
 import keras
 
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
-from keras_transformer.layers.validation import check_positive_int, check_rate, clone_initializer
+from keras_transformer.checks import check_positive_int, check_rate, clone_initializer
 
 
 class ResidualBlock(keras.layers.Layer):

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.model.config import TransformerConfig
 from keras_transformer.layers import masks
 from keras_transformer.layers.decoder import DecoderBlock
 from keras_transformer.layers.embedding import (

@@ -16,7 +16,7 @@ backup/                BackupAndRestore's state while a run is unfinished
 metrics.json           test scores written by the demo and by training.evaluate
 ```
 
-`load_model_and_tokenizer(model_dir)` (from `keras_transformer.translator`) reads the
+`load_model_and_tokenizer(model_dir)` (from `keras_transformer.inference.translator`) reads the
 first two back.
 """
 

@@ -7,8 +7,8 @@ section that gives it. Presets are overrides of these defaults, never a second c
 import dataclasses
 import typing
 
-from keras_transformer.losses import LABEL_SMOOTHING
-from keras_transformer.schedules import WARMUP_STEPS
+from keras_transformer.train.losses import LABEL_SMOOTHING
+from keras_transformer.train.schedules import WARMUP_STEPS
 
 _POSITION_ENCODINGS = ("sinusoidal", "learned")
 

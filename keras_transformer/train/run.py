@@ -5,7 +5,7 @@ the corpus, train (or, when resuming, reload) the joint tokenizer, build the tok
 tf.data pipeline, build and compile the model (inside the distribution scope of
 `run_config.strategy`), print a summary, `fit` with the default callbacks, then save
 `model.keras`, `tokenizer.model`, `config.toml` and the training-curve PNG into the model
-directory (see `keras_transformer.model_directory` for the layout).
+directory (see `keras_transformer.model.directory` for the layout).
 """
 
 import contextlib
@@ -18,13 +18,13 @@ import time
 
 import keras
 
-from keras_transformer import model_directory
-from keras_transformer.callbacks import TimeBudget, default_callbacks
-from keras_transformer.checkpoints import save_final_model
-from keras_transformer.model import build_transformer
-from keras_transformer.plotting import plot_training_curves
-from keras_transformer.run_config import RunConfig
-from keras_transformer.training import compile_transformer
+from keras_transformer.model import directory as model_directory
+from keras_transformer.train.callbacks import TimeBudget, default_callbacks
+from keras_transformer.train.checkpoints import save_final_model
+from keras_transformer.model.transformer import build_transformer
+from keras_transformer.train.curves import plot_training_curves
+from keras_transformer.train.run_config import RunConfig
+from keras_transformer.train.compile import compile_transformer
 
 
 @dataclasses.dataclass
@@ -124,7 +124,7 @@ def prepare_tokenizer(run_config, train_pairs, model_dir, resuming):
     When resuming an interrupted run, the tokenizer it saved is reloaded instead, so the
     restored weights keep meaning the same ids.
     """
-    from keras_transformer.tokenizer import SubwordTokenizer, train_tokenizer
+    from keras_transformer.data.tokenizer import SubwordTokenizer, train_tokenizer
 
     path = os.path.join(model_dir, model_directory.TOKENIZER_FILE)
     if resuming and os.path.isfile(path):
@@ -367,7 +367,7 @@ def _target_tokens(tokenizer, pairs, sample_size=100_000):
 
 
 def _peak_learning_rate(config):
-    from keras_transformer.training import make_schedule
+    from keras_transformer.train.compile import make_schedule
 
     return make_schedule(config).peak_learning_rate
 

@@ -207,7 +207,13 @@ class SubwordTokenizer(tf.Module):
 
     def to_keras_hub(self):
         """The same model as a `keras_hub.tokenizers.SentencePieceTokenizer`."""
-        import keras_hub  # Imported here: keras-hub is slow to import, rarely needed.
+        try:
+            import keras_hub  # Imported here: keras-hub is slow to import, rarely needed.
+        except ImportError as error:
+            raise ImportError(
+                "`to_keras_hub()` needs keras-hub, an optional extra: "
+                "pip install 'keras-transformer[hub]'"
+            ) from error
 
         return keras_hub.tokenizers.SentencePieceTokenizer(proto=self._model_proto)
 

@@ -9,7 +9,7 @@ callback, the demo and `python -m training.evaluate` all use these.
 
 import sacrebleu
 
-from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
+from keras_transformer.inference.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
 
 DECODE_METHODS = ("beam", "greedy")
 
@@ -32,7 +32,7 @@ def make_translator(
     >>> make_translator("saved_models/demo", decode="greedy").translate(["on May 29, 2048"])
     ['am 29. Mai 2048']
     """
-    from keras_transformer.translator import Translator, load_model_and_tokenizer
+    from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
 
     if decode not in DECODE_METHODS:
         raise ValueError(f"`decode` must be one of {DECODE_METHODS}. Received: decode={decode!r}")

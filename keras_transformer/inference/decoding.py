@@ -27,7 +27,7 @@ Conventions shared by every function here:
 
 Loops are `keras.ops.while_loop` with fixed-shape loop variables (the cache holds the
 longest limit from the start), so they trace inside `tf.function` (XLA included, with
-`None` batch and source dimensions) and `jax.jit`; `keras_transformer.compiled` gives
+`None` batch and source dimensions) and `jax.jit`; `keras_transformer.inference.compiled` gives
 compiled callables. Called eagerly on PyTorch, the loop records autograd history: wrap
 it in `torch.no_grad()` or use `compiled.CompiledDecoder`, which does.
 """
@@ -36,7 +36,7 @@ import keras
 from keras import ops
 from keras import tree
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.model.config import TransformerConfig
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 # The paper's decoding settings (6.1), defined once in TransformerConfig.

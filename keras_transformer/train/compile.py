@@ -9,11 +9,11 @@ paper's values are the defaults.
 
 import keras
 
-from keras_transformer.config import TransformerConfig
-from keras_transformer.losses import LabelSmoothedCrossEntropy
-from keras_transformer.metrics import MaskedAccuracy, Perplexity
-from keras_transformer.precision import loss_scaled_optimizer
-from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.model.config import TransformerConfig
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy
+from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
+from keras_transformer.train.precision import loss_scaled_optimizer
+from keras_transformer.train.schedules import TransformerSchedule
 
 _JIT_COMPILE_VALUES = ("auto", True, False)
 

@@ -6,7 +6,7 @@ strings on any Keras backend. Sentences are tokenized with the sentencepiece mod
 in Python, sorted by length, batched, padded to a few shapes (the training
 pipeline's length buckets, and batch sizes rounded up to powers of two), decoded,
 detokenized and put back in the caller's order. The compiled decoder of
-`keras_transformer.compiled` traces (and on TensorFlow and JAX compiles) once per
+`keras_transformer.inference.compiled` traces (and on TensorFlow and JAX compiles) once per
 shape, so a long stream of sentences costs a handful of compilations, not one per batch.
 """
 
@@ -18,11 +18,11 @@ import warnings
 import keras
 import numpy as np
 
-from keras_transformer.compiled import compile_decoder
+from keras_transformer.inference.compiled import compile_decoder
 from keras_transformer.data.pipeline import default_bucket_boundaries
-from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
-from keras_transformer.model import Transformer
-from keras_transformer.model_directory import MODEL_FILE
+from keras_transformer.inference.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
+from keras_transformer.model.transformer import Transformer
+from keras_transformer.model.directory import MODEL_FILE
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
 
 DEFAULT_BATCH_SIZE = 64
@@ -33,8 +33,8 @@ class Translator:
 
     Decoding is beam search with the GNMT length penalty (the paper's beam of 4 and
     alpha of 0.6, section 6.1) or, with `beam_size=1`, greedy search, each sentence
-    through the key/value cache (`keras_transformer.decoding`), compiled for the
-    backend (`keras_transformer.compiled`). A sentence's output may be at most its
+    through the key/value cache (`keras_transformer.inference.decoding`), compiled for the
+    backend (`keras_transformer.inference.compiled`). A sentence's output may be at most its
     length + `config.max_decode_extra` tokens (the paper's "input length + 50").
 
     Inputs are checked one by one: `translate` takes a list (or other iterable) of
@@ -208,7 +208,7 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
     Raises:
         FileNotFoundError, TypeError, ValueError: with what was received.
     """
-    from keras_transformer.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
+    from keras_transformer.data.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
 
     if isinstance(model_dir_or_model, (str, os.PathLike)):
         model_dir = os.fspath(model_dir_or_model)

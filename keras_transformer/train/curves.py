@@ -1,4 +1,4 @@
-"""PNG plots: training curves from a run's CSV log, and attention maps.
+"""The training-curve PNG: loss, accuracy, perplexity, learning rate and BLEU per epoch.
 
 Figures are drawn with matplotlib's object API on its Agg canvas (no `pyplot`, no
 global backend switch), so plotting works on machines without a display and does not
@@ -107,87 +107,4 @@ def _all_positive(series):
     return all(v > 0 for values, _ in series for v in values if not math.isnan(v))
 
 
-# --------------------------------------------------------------- attention maps
-# (map attribute, title) of each kind of attention, in the order drawn.
-_ATTENTION_KINDS = (
-    ("encoder_self_attention", "encoder self-attention"),
-    ("decoder_self_attention", "decoder self-attention"),
-    ("cross_attention", "cross-attention"),
-)
-# Inches per token on a heat map's axes, and the least size of one heat map.
-_INCHES_PER_TOKEN = 0.28
-_MIN_PANEL_INCHES = 2.4
-
-
-def plot_attention_maps(maps, png_path, *, dpi=100, cmap="viridis"):
-    """Draws every attention map of a sentence pair as heat maps in one PNG.
-
-    One row per layer of each kind (encoder self-attention, decoder self-attention,
-    cross-attention, in that order) and one column per head; each heat map has the
-    query tokens down its side and the key tokens along its bottom, and shares one
-    0-1 colour scale with the others.
-
-    Args:
-        maps: a `keras_transformer.attention_maps.AttentionMaps` (anything with its
-            attributes: token lists and per-layer `[N, Q, K]` arrays).
-        png_path: str or path-like, the image to write (directories are created).
-        dpi: int, resolution of the PNG.
-        cmap: str, a matplotlib colormap name.
-
-    Returns:
-        str, `png_path`.
-
-    Raises:
-        ValueError: a map's shape does not match the token lists.
-
-    Example:
-    >>> maps = attention_maps(model, tokenizer, "the cat sat", "die Katze saß")
-    >>> plot_attention_maps(maps, "attention.png")
-    'attention.png'
-    """
-    import numpy as np
-
-    tokens = {"source": list(maps.source_tokens), "target": list(maps.target_tokens)}
-    axes_tokens = {
-        "encoder_self_attention": ("source", "source"),
-        "decoder_self_attention": ("target", "target"),
-        "cross_attention": ("target", "source"),
-    }
-    rows = []
-    for attribute, title in _ATTENTION_KINDS:
-        queries, keys = (tokens[side] for side in axes_tokens[attribute])
-        for layer, scores in enumerate(getattr(maps, attribute)):
-            scores = np.asarray(scores, dtype="float32")
-            if scores.ndim != 3 or scores.shape[1:] != (len(queries), len(keys)):
-                raise ValueError(
-                    f"{attribute}[{layer}] must have shape [heads, {len(queries)}, {len(keys)}] "
-                    f"(query and key tokens). Received: shape={scores.shape}"
-                )
-            rows.append((f"{title}, layer {layer + 1}", scores, queries, keys))
-    if not rows:
-        raise ValueError("`maps` holds no attention map to draw.")
-    heads = max(scores.shape[0] for _, scores, _, _ in rows)
-    longest = max(len(tokens["source"]), len(tokens["target"]))
-    panel = max(_MIN_PANEL_INCHES, _INCHES_PER_TOKEN * longest + 1.0)
-    figure = Figure(figsize=(panel * heads + 1.0, panel * len(rows)), layout="constrained")
-    FigureCanvasAgg(figure)
-    grid = figure.subplots(len(rows), heads, squeeze=False)
-    image = None
-    for row, (title, scores, queries, keys) in enumerate(rows):
-        for head in range(heads):
-            axes = grid[row][head]
-            if head >= scores.shape[0]:
-                axes.set_axis_off()
-                continue
-            image = axes.imshow(scores[head], cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
-            axes.set_title(f"{title}, head {head + 1}", fontsize=8)
-            axes.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
-            axes.set_yticks(range(len(queries)), queries, fontsize=7)
-    figure.colorbar(image, ax=grid, shrink=0.6, label="attention weight")
-    png_path = os.fspath(png_path)
-    os.makedirs(os.path.dirname(png_path) or ".", exist_ok=True)
-    figure.savefig(png_path, dpi=dpi)
-    return png_path
-
-
-__all__ = ["plot_training_curves", "read_csv_log", "plot_attention_maps"]
+__all__ = ["plot_training_curves", "read_csv_log"]

@@ -15,10 +15,10 @@ import warnings
 
 import keras
 
-from keras_transformer import model_directory
+from keras_transformer.model import directory as model_directory
 from keras_transformer.atomic import save_weights_atomically
-from keras_transformer.checkpoints import prune_checkpoints, weights_are_finite
-from keras_transformer.evaluation import make_translator, score_translations
+from keras_transformer.train.checkpoints import prune_checkpoints, weights_are_finite
+from keras_transformer.inference.evaluation import make_translator, score_translations
 
 
 class LearningRateLogger(keras.callbacks.Callback):
@@ -278,7 +278,7 @@ def default_callbacks(
     `TensorBoard` (`logs/`; skipped with a warning if TensorBoard is not installed).
 
     Args:
-        model_dir: str, the run's directory (see `keras_transformer.model_directory`).
+        model_dir: str, the run's directory (see `keras_transformer.model.directory`).
         keep_checkpoints: int >= 0. Default 5 (the paper averages the last 5).
         validation_pairs: optional list of `(source, reference)` pairs for BLEU/samples.
         tokenizer: optional `SubwordTokenizer`, needed with `validation_pairs`.

@@ -13,7 +13,7 @@ the model object has the global one, so `compile` alone does not scale the loss.
 
 import keras
 
-from keras_transformer.config import TransformerConfig
+from keras_transformer.model.config import TransformerConfig
 
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
 

@@ -130,7 +130,7 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output=None)
     >>> average_model_directory("saved_models/base", last=5)
     ('saved_models/base/model_averaged.keras', [...epoch_016..., ..., ...epoch_020...])
     """
-    from keras_transformer import model_directory  # imports the tokenizer (TensorFlow)
+    from keras_transformer.model import directory as model_directory  # imports the tokenizer (TensorFlow)
 
     model_dir = os.fspath(model_dir)
     output = output or os.path.join(model_dir, "model_averaged.keras")

@@ -3,10 +3,10 @@
 import keras
 from keras import ops
 
-from keras_transformer.losses import check_ignore_id
-from keras_transformer.losses import sparse_labels
-from keras_transformer.losses import token_cross_entropy
-from keras_transformer.losses import token_weights
+from keras_transformer.train.losses import check_ignore_id
+from keras_transformer.train.losses import sparse_labels
+from keras_transformer.train.losses import token_cross_entropy
+from keras_transformer.train.losses import token_weights
 from keras_transformer.special_tokens import PAD_ID
 
 

@@ -20,7 +20,7 @@ the traces (a Python side effect inside the traced function runs only when traci
 import keras
 from keras import ops
 
-from keras_transformer import decoding
+from keras_transformer.inference import decoding
 
 _METHODS = {
     "beam": decoding.beam_decode,

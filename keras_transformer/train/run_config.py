@@ -16,7 +16,7 @@ import tomllib
 import types
 import typing
 
-from keras_transformer.config import TransformerConfig, check_type
+from keras_transformer.model.config import TransformerConfig, check_type
 
 CORPORA = ("demo", "files", "tsv", "tfds")
 TOKENIZER_MODEL_TYPES = ("unigram", "bpe")

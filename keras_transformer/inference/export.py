@@ -31,10 +31,10 @@ import warnings
 
 import keras
 
-from keras_transformer import decoding
-from keras_transformer.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
+from keras_transformer.inference import decoding
+from keras_transformer.inference.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
-from keras_transformer.translator import Translator, load_model_and_tokenizer
+from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
 
 DEFAULT_BASE_DIR = "saved_models"
 DEFAULT_NAME = "transformer"
