@@ -4,7 +4,7 @@ For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DI
 (`train`, `val`, `test_2016_flickr` `.de` / `.en` files):
 
 1. trains `training/configs/multi30k.toml` with `max_train_seconds` = the budget
-   (`keras_transformer.run.run_training`: tokenizer, token-budget batches, the warmup
+   (`keras_transformer.train.run.run_training`: tokenizer, token-budget batches, the warmup
    schedule, a checkpoint per epoch, TensorBoard / CSV logs), then
 2. averages the newest `--average` epoch checkpoints (the paper's section 6.1), and
 3. translates the 1,000 test2016 sentences with beam 4 (alpha 0.6) and greedily, with
@@ -74,8 +74,9 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
     import keras
 
     from keras_transformer.train.checkpoints import average_model_directory
-    from keras_transformer.inference.evaluation import make_translator
-    from keras_transformer.train.run import run_training
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import MODEL_FILE
+    from keras_transformer.train.run import load_corpus, run_training
     from keras_transformer.train.run_config import RunConfig
 
     source_lang, target_lang = direction.split("-")
@@ -93,18 +94,22 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
     result = run_training(run_config)
 
     started = time.monotonic()
-    averaged_path, averaged_from = average_model_directory(result.model_dir, last=average)
-    averaged = keras.saving.load_model(averaged_path, compile=False, safe_mode=True)
+    averaged_dir, averaged_from = average_model_directory(result.model_dir, last=average, overwrite=True)
+    averaged = keras.saving.load_model(os.path.join(averaged_dir, MODEL_FILE), compile=False, safe_mode=True)
     average_seconds = time.monotonic() - started
 
-    sources = [source for source, _ in result.splits["test"]]
-    references = [target for _, target in result.splits["test"]]
+    test_pairs = load_corpus(run_config)["test"]
+    sources = [source for source, _ in test_pairs]
+    references = [target for _, target in test_pairs]
     scores = {}
     for weights, model in (("last", result.model), ("averaged", averaged)):
         for decode in DECODES:
             started = time.monotonic()
-            translator = make_translator(
-                model, result.tokenizer, decode, batch_size=run_config.eval_batch_size
+            translator = Translator(
+                model,
+                result.tokenizer,
+                beam_size=1 if decode == "greedy" else 4,
+                batch_size=run_config.eval_batch_size,
             )
             translations = translator.translate(sources, progress=True)
             seconds = time.monotonic() - started

@@ -61,7 +61,7 @@ def corpus_batches(run_config):
         splits["train"],
         tokenizer,
         max_length=config.max_length,
-        tokens_per_batch=config.tokens_per_batch,
+        tokens_per_batch=run_config.tokens_per_batch,
         bucket_boundaries=evenly_spaced_boundaries(run_config.bucket_width, config.max_length),
         seed=run_config.seed,
     )
@@ -100,7 +100,7 @@ def measure_corpus(name, run_config, epochs):
         "train_pairs": stats.total,
         "kept_pairs": stats.kept,
         "max_length": config.max_length,
-        "tokens_per_batch": config.tokens_per_batch,
+        "tokens_per_batch": run_config.tokens_per_batch,
         "vocab_size": run_config.vocab_size,
         "bucket_boundaries": list(stats.bucket_boundaries),
         "tokenizer_training_seconds": round(tokenizer_seconds, 3),

@@ -25,6 +25,7 @@ from keras_transformer import distribute, layers
 from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from keras_transformer.train.compile import compile_transformer
+from keras_transformer.train.config import TrainingConfig
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.schedules import TransformerSchedule
@@ -58,6 +59,7 @@ __all__ = [
     "TransformerConfig",
     "Transformer",
     "build_transformer",
+    "TrainingConfig",
     "compile_transformer",
     "TransformerSchedule",
     "LabelSmoothedCrossEntropy",

@@ -1,24 +1,129 @@
-"""Argument checks and small helpers shared by the layers.
+"""Argument checks shared by the whole package, written once.
 
-Messages follow Keras core: they name the argument and the value received.
+Messages follow Keras core: they name the argument and the value received
+("`num_heads` must be a positive integer. Received: num_heads=0"). Types are strict:
+a bool is not an int (True would otherwise pass as 1), and numbers must be finite
+(NaN compares false with everything, so a range check alone lets it through).
 """
 
-import keras
+import dataclasses
+import math
+import numbers
+import typing
+
+
+def is_int(value):
+    """True for an int that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value):
+    """True for a finite int or float that is not a bool."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
 
 
 def check_positive_int(name, value):
-    """Raises ValueError unless `value` is an int > 0 (bools are refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """Raises ValueError unless `value` is an int > 0."""
+    if not is_int(value) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
+def check_non_negative_int(name, value):
+    """Raises ValueError unless `value` is an int >= 0."""
+    if not is_int(value) or value < 0:
+        raise ValueError(f"`{name}` must be an integer >= 0. Received: {name}={value!r}")
+
+
 def check_rate(name, value):
-    """Raises ValueError unless `value` is a number in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    """Raises ValueError unless `value` is a number in [0, 1) (a dropout or smoothing rate)."""
+    if not is_number(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
 
 
-def clone_initializer(initializer):
-    """A fresh copy, so sub-layers never share one seeded initializer object."""
-    initializer = keras.initializers.get(initializer)
-    return initializer.__class__.from_config(initializer.get_config())
+def check_positive_number(name, value):
+    """Raises ValueError unless `value` is a finite number > 0."""
+    if not is_number(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a finite number > 0. Received: {name}={value!r}")
+
+
+def check_non_negative_number(name, value):
+    """Raises ValueError unless `value` is a finite number >= 0."""
+    if not is_number(value) or value < 0:
+        raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
+
+
+def check_bool(name, value):
+    """Raises ValueError unless `value` is True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+
+
+def check_choice(name, value, choices):
+    """Raises ValueError unless `value` is one of `choices` (compared by type too: 1 is not True)."""
+    if not any(value == choice and type(value) is type(choice) for choice in choices):
+        raise ValueError(f"`{name}` must be one of {tuple(choices)}. Received: {name}={value!r}")
+
+
+def check_type(name, value, annotation):
+    """Raises ValueError unless `value` has the dataclass field type `annotation`.
+
+    `annotation` is bool, int, float, str, dict or `Optional` of one of them; ints are
+    accepted for float, bools for nothing but bool, and floats must be finite.
+    """
+    optional = typing.get_origin(annotation) is typing.Union
+    if optional:
+        if value is None:
+            return
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    checks = {
+        dict: lambda v: isinstance(v, dict),
+        bool: lambda v: isinstance(v, bool),
+        int: is_int,
+        float: is_number,
+        str: lambda v: isinstance(v, str),
+    }
+    if not checks[annotation](value):
+        expected = annotation.__name__ + (" or None" if optional else "")
+        if annotation is float:
+            expected = "finite " + expected
+        raise ValueError(
+            f"`{name}` must be of type {expected}. Received: {name}={value!r} "
+            f"(type {type(value).__name__})"
+        )
+
+
+def check_dataclass_fields(instance):
+    """`check_type` on every field of a dataclass instance (for `__post_init__`)."""
+    for field in dataclasses.fields(instance):
+        check_type(field.name, getattr(instance, field.name), field.type)
+
+
+def check_known_keys(what, values, cls):
+    """Raises ValueError naming the keys of `values` that are not fields of dataclass `cls`.
+
+    `what` names one key in the message: "Unknown {what}(s): [...]".
+    """
+    known = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"Unknown {what}(s): {unknown}. Expected some of: {sorted(known)}")
+
+
+__all__ = [
+    "is_int",
+    "is_number",
+    "check_positive_int",
+    "check_non_negative_int",
+    "check_rate",
+    "check_positive_number",
+    "check_non_negative_number",
+    "check_bool",
+    "check_choice",
+    "check_type",
+    "check_dataclass_fields",
+    "check_known_keys",
+]

@@ -36,6 +36,7 @@ import warnings
 
 import keras
 
+from keras_transformer import checks
 from keras_transformer.special_tokens import PAD_ID
 
 STRATEGY_NAMES = (
@@ -207,9 +208,8 @@ def global_to_replica_batch(global_batch, replicas):
     global_to_replica_batch(25000, 4)  # 6250 tokens per replica
     ```
     """
-    for name, value in (("global_batch", global_batch), ("replicas", replicas)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    checks.check_positive_int("global_batch", global_batch)
+    checks.check_positive_int("replicas", replicas)
     if global_batch < replicas:
         raise ValueError(
             f"A global batch of {global_batch} cannot feed {replicas} replicas: some would "
@@ -234,8 +234,7 @@ def pad_batches_for_replicas(dataset, replicas, pad_id=PAD_ID):
     """
     import tensorflow as tf
 
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas <= 0:
-        raise ValueError(f"`replicas` must be a positive integer. Received: replicas={replicas!r}")
+    checks.check_positive_int("replicas", replicas)
     if replicas == 1:
         return dataset
 
@@ -473,7 +472,7 @@ def _jax_distribution(name, config, devices, model_parallel_size):
             "Received: config=None"
         )
     size = len(devices) if model_parallel_size is None else model_parallel_size
-    if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or len(devices) % size:
+    if not checks.is_int(size) or size <= 0 or len(devices) % size:
         raise ValueError(
             f"`model_parallel_size` must be a positive divisor of the {len(devices)} devices. "
             f"Received: model_parallel_size={model_parallel_size!r}"

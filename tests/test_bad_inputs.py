@@ -154,10 +154,10 @@ def test_out_of_range_id_inside_predict_is_the_backends_own_outcome(model):
 CONFIG_CASES = _refusals(
     [
         ("dropout_negative", lambda: tiny_config(dropout=-0.1), ValueError,
-         r"`dropout` must be in \[0, 1\). Received: dropout=-0.1"),
+         r"`dropout` must be a number in \[0, 1\). Received: dropout=-0.1"),
         ("attention_dropout_above_1", lambda: tiny_config(attention_dropout=1.5), ValueError,
-         r"`attention_dropout` must be in \[0, 1\). Received: attention_dropout=1.5"),
-        ("warmup_negative", lambda: tiny_config(warmup_steps=-4000), ValueError,
+         r"`attention_dropout` must be a number in \[0, 1\). Received: attention_dropout=1.5"),
+        ("warmup_negative", lambda: kt.TrainingConfig(warmup_steps=-4000), ValueError,
          "`warmup_steps` must be a positive integer. Received: warmup_steps=-4000"),
         ("bool_for_int", lambda: tiny_config(num_heads=True), ValueError,
          r"`num_heads` must be of type int. Received: num_heads=True \(type bool\)"),
@@ -195,16 +195,16 @@ num_heads = 2
 
 RUN_CONFIG_CASES = [
     pytest.param({"model": "dropout = 1.5"}, (),
-                 r"bad.toml: `dropout` must be in \[0, 1\). Received: dropout=1.5", id="toml_dropout_1_5"),
+                 r"bad.toml: \[model\]: `dropout` must be a number in \[0, 1\). Received: dropout=1.5", id="toml_dropout_1_5"),
     pytest.param({"model": "dropout = -0.1"}, (),
-                 r"bad.toml: `dropout` must be in \[0, 1\). Received: dropout=-0.1", id="toml_dropout_negative"),
-    pytest.param({"model": "warmup_steps = 0"}, (),
-                 "bad.toml: `warmup_steps` must be a positive integer. Received: warmup_steps=0",
+                 r"bad.toml: \[model\]: `dropout` must be a number in \[0, 1\). Received: dropout=-0.1", id="toml_dropout_negative"),
+    pytest.param({"model": "[training]\nwarmup_steps = 0"}, (),
+                 r"bad.toml: \[training\]: `warmup_steps` must be a positive integer. Received: warmup_steps=0",
                  id="toml_warmup_0"),
     pytest.param({"top": 'epochs_ = 2'}, (),
                  r"bad.toml: Unknown run config key\(s\): \['epochs_'\]", id="toml_unknown_key"),
     pytest.param({"model": "heads = 2"}, (),
-                 r"bad.toml: Unknown TransformerConfig field\(s\): \['heads'\]", id="toml_unknown_model_key"),
+                 r"bad.toml: \[model\]: Unknown TransformerConfig field\(s\): \['heads'\]", id="toml_unknown_model_key"),
     pytest.param({"top": 'vocab_size = "8000"'}, (),
                  r"bad.toml: `vocab_size` must be of type int. Received: vocab_size='8000' \(type str\)",
                  id="toml_string_for_int"),
@@ -212,13 +212,13 @@ RUN_CONFIG_CASES = [
                  r"bad.toml: `vocab_size` must be of type int. Received: vocab_size=True \(type bool\)",
                  id="toml_bool_for_int"),
     pytest.param({"model": "d_ff = 32.0"}, (),
-                 r"bad.toml: `d_ff` must be of type int. Received: d_ff=32.0 \(type float\)",
+                 r"bad.toml: \[model\]: `d_ff` must be of type int. Received: d_ff=32.0 \(type float\)",
                  id="toml_float_for_int"),
     pytest.param({"top": "epochs = "}, (), r"bad.toml is not valid TOML: ", id="toml_syntax_error"),
     pytest.param({}, ("model.dropout=-0.1",),
-                 r"`dropout` must be in \[0, 1\). Received: dropout=-0.1", id="set_dropout_negative"),
-    pytest.param({}, ("model.warmup_steps=0",),
-                 "`warmup_steps` must be a positive integer. Received: warmup_steps=0", id="set_warmup_0"),
+                 r"\[model\]: `dropout` must be a number in \[0, 1\). Received: dropout=-0.1", id="set_dropout_negative"),
+    pytest.param({}, ("training.warmup_steps=0",),
+                 r"\[training\]: `warmup_steps` must be a positive integer. Received: warmup_steps=0", id="set_warmup_0"),
     pytest.param({}, ("model.num_heads=two",),
                  "`model.num_heads` must be an integer. Received: 'two'", id="set_wrong_type"),
 ]
@@ -301,7 +301,8 @@ def _model_dir_with(tmp_path, tiny_dir, tokenizer):
 
 def test_tokenizer_of_another_vocabulary_in_the_model_directory_is_refused(tmp_path, tiny_dir):
     from keras_transformer.data.tokenizer import train_tokenizer
-    from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import load_model_and_tokenizer
 
     directory = _model_dir_with(tmp_path, tiny_dir, train_tokenizer(tiny_sentences(), vocab_size=32))
     message = r"tokenizer's vocab_size \(32\) differs from the model's config.vocab_size \(48\)"

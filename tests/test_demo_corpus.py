@@ -132,8 +132,8 @@ def test_sentences_are_short(corpus):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"num_train": -1}, "`num_train` must be a non-negative integer. Received: num_train=-1"),
-        ({"num_test": 2.5}, "`num_test` must be a non-negative integer. Received: num_test=2.5"),
+        ({"num_train": -1}, "`num_train` must be an integer >= 0. Received: num_train=-1"),
+        ({"num_test": 2.5}, "`num_test` must be an integer >= 0. Received: num_test=2.5"),
     ],
 )
 def test_refuses_bad_sizes(kwargs, message):

@@ -40,9 +40,9 @@ CHILD = textwrap.dedent(
                                   bucket_boundaries=[16], seed=seed)
     config = kt.TransformerConfig.from_preset(
         "tiny", vocab_size=48, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
-        num_decoder_layers=1, dropout=0.1, max_length=16, warmup_steps=4)
+        num_decoder_layers=1, dropout=0.1, max_length=16)
     model = kt.build_transformer(config)
-    kt.compile_transformer(model, config, jit_compile=keras.backend.backend() == "jax")
+    kt.compile_transformer(model, kt.TrainingConfig(warmup_steps=4), jit_compile=keras.backend.backend() == "jax")
     losses = []
     record = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))

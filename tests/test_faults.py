@@ -204,10 +204,10 @@ class PoisonWeights(keras.callbacks.Callback):
 def nan_run(tmp_path_factory):
     """A 3-epoch fit with the default callbacks whose weights turn NaN after step 6."""
     keras.utils.set_random_seed(0)
-    config = tiny_config(warmup_steps=4)
+    config = tiny_config()
     model = kt.build_transformer(config)
     # A plain graph on TensorFlow (XLA compiles slowly); jit on JAX (eager JAX is slower).
-    kt.compile_transformer(model, config, jit_compile=keras.backend.backend() == "jax")
+    kt.compile_transformer(model, kt.TrainingConfig(warmup_steps=4), jit_compile=keras.backend.backend() == "jax")
     model_dir = str(tmp_path_factory.mktemp("nan_run"))
     callbacks = [PoisonWeights(POISON_STEP)] + default_callbacks(model_dir, tensorboard=False)
     inputs, labels = tiny_fit_data()
@@ -295,9 +295,9 @@ TRAIN_SCRIPT = textwrap.dedent(
         keras.utils.set_random_seed(0)
         config = kt.TransformerConfig.from_preset(
             "tiny", vocab_size=32, d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
-            num_decoder_layers=1, dropout=0.0, max_length=8, warmup_steps=4)
+            num_decoder_layers=1, dropout=0.0, max_length=8)
         model = kt.build_transformer(config)
-        kt.compile_transformer(model, config, jit_compile=False)
+        kt.compile_transformer(model, kt.TrainingConfig(warmup_steps=4), jit_compile=False)
         rng = np.random.default_rng(0)
         inputs = {"encoder_inputs": rng.integers(4, 32, (16, 6)).astype("int32"),
                   "decoder_inputs": rng.integers(4, 32, (16, 6)).astype("int32")}

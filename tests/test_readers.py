@@ -202,8 +202,8 @@ def test_tsv_refuses_missing_file_and_empty_corpus(tmp_path):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"source_column": -1}, "`source_column` must be a non-negative integer. Received: source_column=-1"),
-        ({"target_column": "1"}, "`target_column` must be a non-negative integer. Received: target_column='1'"),
+        ({"source_column": -1}, "`source_column` must be an integer >= 0. Received: source_column=-1"),
+        ({"target_column": "1"}, "`target_column` must be an integer >= 0. Received: target_column='1'"),
         ({"target_column": 0}, "`source_column` and `target_column` must differ. Received: source_column=0, target_column=0"),
     ],
 )

@@ -55,7 +55,8 @@ def test_set_overrides_are_parsed_by_field_type(toml_path):
             "data_dir=\"a b\"",
             "jit_compile=false",
             "model.d_model=64",
-            "model.clipnorm=1.0",
+            "training.clipnorm=1.0",
+            "training.warmup_steps=40",
             "model.share_embeddings=no",
         ],
     )
@@ -64,11 +65,37 @@ def test_set_overrides_are_parsed_by_field_type(toml_path):
     assert config.tokenizer_split_digits is True
     assert (config.name, config.data_dir) == ("other", "a b")
     assert config.jit_compile is False
-    model = config.model_config()
-    assert (model.d_model, model.clipnorm, model.share_embeddings) == (64, 1.0, False)
+    model, training = config.model_config(), config.training_config()
+    assert (model.d_model, model.share_embeddings) == (64, False)
+    assert (training.clipnorm, training.warmup_steps) == (1.0, 40)
+    assert training.adam_beta_2 == 0.98  # untouched fields keep the paper's defaults
     assert model.num_heads == 2  # untouched fields of [model] stay
     assert RunConfig.from_toml(toml_path, ["jit_compile=auto"]).jit_compile == "auto"
-    assert RunConfig.from_toml(toml_path, ["model.clipnorm=none"]).model_config().clipnorm is None
+    assert RunConfig.from_toml(toml_path, ["training.clipnorm=none"]).training_config().clipnorm is None
+
+
+def test_training_table_and_model_table_hold_their_own_fields(toml_path, tmp_path):
+    path = tmp_path / "recipe.toml"
+    path.write_text(TOML + "\n[training]\nwarmup_steps = 400\nlabel_smoothing = 0.2\n")
+    config = RunConfig.from_toml(path)
+    assert (config.training_config().warmup_steps, config.training_config().label_smoothing) == (400, 0.2)
+    assert "warmup_steps" not in config.model_config().to_dict()
+    with pytest.raises(ValueError, match=r"Unknown TrainingConfig field\(s\): \['d_model'\]"):
+        RunConfig.from_toml(path, ["training.d_model=3"])
+    with pytest.raises(ValueError, match=r"\['warmup_steps'\] are not architecture settings"):
+        RunConfig(model={"warmup_steps": 4})
+    with pytest.raises(ValueError, match="Unknown table in 'optimizer.lr'"):
+        RunConfig.from_toml(path, ["optimizer.lr=3"])
+
+
+def test_a_0_1_run_config_with_training_keys_in_model_still_reads(tmp_path):
+    path = tmp_path / "old.toml"
+    path.write_text(TOML + "warmup_steps = 300\ntokens_per_batch = 1024\nbeam_size = 4\n")
+    with pytest.warns(UserWarning, match=r"\[model\] holds \['beam_size', 'tokens_per_batch', 'warmup_steps'\]"):
+        config = RunConfig.from_toml(path)
+    assert config.training_config().warmup_steps == 300
+    assert config.tokens_per_batch == 1024
+    assert config.model_config().d_model == 32
 
 
 def test_unknown_keys_are_errors_naming_the_key(toml_path, tmp_path):
@@ -94,7 +121,7 @@ def test_bad_values_are_errors_naming_the_field(toml_path):
         RunConfig.from_toml(toml_path, ["epochs"])
     with pytest.raises(ValueError, match="`corpus` must be one of .*Received: corpus='web'"):
         RunConfig.from_toml(toml_path, ["corpus=web"])
-    with pytest.raises(ValueError, match="`epochs` must be > 0. Received: epochs=0"):
+    with pytest.raises(ValueError, match="`epochs` must be a positive integer. Received: epochs=0"):
         RunConfig.from_toml(toml_path, ["epochs=0"])
     with pytest.raises(ValueError, match="`d_model` must be divisible by `num_heads`"):
         RunConfig.from_toml(toml_path, ["model.d_model=33"])
@@ -107,13 +134,15 @@ def test_bad_values_are_errors_naming_the_field(toml_path):
 
 
 def test_to_toml_round_trips_with_the_resolved_model(toml_path, tmp_path):
-    config = RunConfig.from_toml(toml_path, ["model.clipnorm=2.0"])
+    config = RunConfig.from_toml(toml_path, ["training.clipnorm=2.0"])
     written = tmp_path / "config.toml"
     written.write_text(config.to_toml(config.model_config()))
     again = RunConfig.from_toml(written)
     assert again.model_config() == config.model_config()
-    assert {k: v for k, v in again.to_dict().items() if k != "model"} == {
-        k: v for k, v in config.to_dict().items() if k != "model"
+    assert again.training_config() == config.training_config()
+    tables = ("model", "training")
+    assert {k: v for k, v in again.to_dict().items() if k not in tables} == {
+        k: v for k, v in config.to_dict().items() if k not in tables
     }
     # Without a resolved config, [model] holds just the overrides.
     written.write_text(config.to_toml())

@@ -60,7 +60,7 @@ def test_every_load_model_call_in_the_package_passes_safe_mode_true():
 
 
 def test_package_model_directory_loads_in_safe_mode(tiny_dir):
-    from keras_transformer.inference.translator import load_model_and_tokenizer
+    from keras_transformer.model.directory import load_model_and_tokenizer
 
     model = keras.saving.load_model(str(tiny_dir / MODEL_FILE), safe_mode=True)
     loaded, _ = load_model_and_tokenizer(tiny_dir)  # the package's own loader
@@ -72,9 +72,9 @@ def test_package_model_directory_loads_in_safe_mode(tiny_dir):
 
 def test_compiled_model_with_every_option_round_trips_in_safe_mode(tmp_path):
     """Untied embeddings, learned positions, pre-norm, and the compiled optimizer, loss, metrics."""
-    config = tiny_config(share_embeddings=False, position_encoding="learned", norm_first=True, warmup_steps=4)
+    config = tiny_config(share_embeddings=False, position_encoding="learned", norm_first=True)
     model = kt.build_transformer(config)
-    kt.compile_transformer(model, config, jit_compile=False)
+    kt.compile_transformer(model, kt.TrainingConfig(warmup_steps=4), jit_compile=False)
     model.optimizer.build(model.trainable_variables)  # as after training: Adam's moments exist
     model.optimizer.iterations.assign(3)
     path = str(tmp_path / MODEL_FILE)

@@ -89,10 +89,10 @@ def test_survives_an_optimizer_config_round_trip():
             {"d_model": 8, "warmup_steps": -5},
             "`warmup_steps` must be a positive integer. Received: warmup_steps=-5",
         ),
-        ({"d_model": 8, "scale": 0.0}, "`scale` must be a positive number. Received: scale=0.0"),
+        ({"d_model": 8, "scale": 0.0}, "`scale` must be a finite number > 0. Received: scale=0.0"),
         (
             {"d_model": 8, "scale": math.nan},
-            "`scale` must be a positive number. Received: scale=nan",
+            "`scale` must be a finite number > 0. Received: scale=nan",
         ),
     ],
 )

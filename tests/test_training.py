@@ -37,11 +37,11 @@ def copy_task(num_examples=64, length=5, vocab_size=32, seed=0):
 
 
 def test_make_optimizer_uses_the_config():
-    config = tiny_config(
-        d_model=16, warmup_steps=4, learning_rate_scale=2.0, adam_beta_1=0.8,
+    training = kt.TrainingConfig(
+        warmup_steps=4, learning_rate_scale=2.0, adam_beta_1=0.8,
         adam_beta_2=0.97, adam_epsilon=1e-7, clipnorm=1.5,
     )
-    optimizer = make_optimizer(config)
+    optimizer = make_optimizer(16, training)
     assert isinstance(optimizer, keras.optimizers.Adam)
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.8, 0.97, 1e-7)
     assert optimizer.clipnorm == 1.5
@@ -53,14 +53,13 @@ def test_make_optimizer_uses_the_config():
 
 
 def test_make_optimizer_defaults_are_the_papers():
-    optimizer = make_optimizer(kt.TransformerConfig())
+    optimizer = make_optimizer(512)
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     assert optimizer.clipnorm is None
 
 
 def test_compile_transformer_sets_loss_metrics_and_optimizer():
-    config = tiny_config(label_smoothing=0.2)
-    model = compile_transformer(kt.build_transformer(config))
+    model = compile_transformer(kt.build_transformer(tiny_config()), kt.TrainingConfig(label_smoothing=0.2))
     assert isinstance(model.loss, LabelSmoothedCrossEntropy)
     assert model.loss.label_smoothing == 0.2
     assert isinstance(model.optimizer, keras.optimizers.Adam)
@@ -80,7 +79,7 @@ def test_mixed_float16_wraps_the_optimizer_for_loss_scaling(where):
         config = tiny_config()
     else:
         config = tiny_config(dtype_policy="mixed_float16")
-    model = compile_transformer(kt.build_transformer(config), config)
+    model = compile_transformer(kt.build_transformer(config))
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert isinstance(model.optimizer.inner_optimizer._learning_rate, TransformerSchedule)
 
@@ -88,7 +87,7 @@ def test_mixed_float16_wraps_the_optimizer_for_loss_scaling(where):
 def test_float32_and_bfloat16_are_not_loss_scaled():
     for policy in ("float32", "mixed_bfloat16"):
         config = tiny_config(dtype_policy=policy)
-        model = compile_transformer(kt.build_transformer(config), config)
+        model = compile_transformer(kt.build_transformer(config))
         assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer), policy
 
 
@@ -98,13 +97,21 @@ def test_compile_transformer_refuses_bad_arguments():
         compile_transformer(model, jit_compile="yes")
     with pytest.raises(ValueError, match="steps_per_execution.*Received: steps_per_execution=0"):
         compile_transformer(model, steps_per_execution=0)
-    with pytest.raises(ValueError, match="must be a TransformerConfig. Received: dict"):
+    with pytest.raises(ValueError, match="must be a TrainingConfig or None. Received: dict"):
         compile_transformer(model, {"d_model": 16})
+    # The model's config no longer carries the recipe: a clear error, not a silent default.
+    with pytest.raises(ValueError, match="Expected a TrainingConfig; received the model's TransformerConfig"):
+        compile_transformer(model, model.config)
+    with pytest.raises(ValueError, match="must be a keras_transformer.Transformer"):
+        compile_transformer(keras.Sequential([keras.layers.Dense(1)]))
 
 
 def test_two_epoch_fit_lowers_the_loss():
-    config = tiny_config(warmup_steps=4, learning_rate_scale=0.1)
-    model = compile_transformer(kt.build_transformer(config), jit_compile=quick_jit_compile())
+    model = compile_transformer(
+        kt.build_transformer(tiny_config()),
+        kt.TrainingConfig(warmup_steps=4, learning_rate_scale=0.1),
+        jit_compile=quick_jit_compile(),
+    )
     inputs, labels = copy_task()
     history = model.fit(inputs, labels, batch_size=8, epochs=2, verbose=0, shuffle=False)
     losses = history.history["loss"]
@@ -138,7 +145,7 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
     from keras_transformer.model.directory import (
         CHECKPOINT_DIR, CONFIG_FILE, CSV_LOG_FILE, CURVES_FILE, MODEL_FILE, TOKENIZER_FILE,
     )
-    from keras_transformer.train.run import train
+    from keras_transformer.train.run import run_training
     from keras_transformer.train.run_config import RunConfig
     from keras_transformer.data.tokenizer import SubwordTokenizer
 
@@ -159,10 +166,11 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
         model=dict(
             d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
             # max_length 8: one bucket, so one compiled train step (JAX compiles are slow).
-            max_length=8, tokens_per_batch=256, max_decode_extra=4, dropout=0.0,
+            max_length=8, dropout=0.0,
         ),
+        tokens_per_batch=256,
     )
-    model_dir = train(run_config)
+    model_dir = run_training(run_config).model_dir
     assert model_dir == os.path.join(str(tmp_path), "tiny")
     out = capsys.readouterr().out
     assert "parameters" in out and "steps per epoch" in out and "tokens per batch" in out

@@ -114,6 +114,7 @@ def test_beam_size_one_is_greedy_search_and_a_model_object_works(translator, mod
         translator.model,
         tokenizer=str(model_dir / "tokenizer.model"),
         beam_size=1,
+        max_extra=MAX_EXTRA,
         batch_size=len(sentences),
         jit_compile=False,
     )
@@ -140,7 +141,9 @@ def test_beam_size_one_is_greedy_search_and_a_model_object_works(translator, mod
 def test_xla_compiled_translator_gives_the_same_translations(translator, sentences):
     if keras.backend.backend() != "tensorflow":
         pytest.skip("jit_compile only changes the TensorFlow backend (JAX always compiles)")
-    compiled = Translator(translator.model, translator.tokenizer, beam_size=BEAM_SIZE, batch_size=BATCH_SIZE)
+    compiled = Translator(
+        translator.model, translator.tokenizer, beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE
+    )
     assert compiled.translate(sentences) == translator.translate(sentences)
 
 
@@ -160,8 +163,15 @@ def test_bad_construction_arguments_are_refused(translator, tmp_path):
         Translator(3)
     with pytest.raises(ValueError, match="`beam_size` must be a positive integer. Received: beam_size=0"):
         Translator(translator.model, translator.tokenizer, beam_size=0)
-    with pytest.raises(ValueError, match="`length_penalty` must be a number >= 0"):
+    with pytest.raises(ValueError, match="`length_penalty` must be a finite number >= 0"):
         Translator(translator.model, translator.tokenizer, length_penalty=-1.0)
+    with pytest.raises(ValueError, match="`length_penalty` must be a finite number >= 0. Received: length_penalty=nan"):
+        Translator(translator.model, translator.tokenizer, length_penalty=float("nan"))
+    with pytest.raises(ValueError, match="`max_extra` must be an integer >= 0. Received: max_extra=-1"):
+        Translator(translator.model, translator.tokenizer, max_extra=-1)
+    # The decoding settings are keyword-only: a positional 3rd argument is not a beam size.
+    with pytest.raises(TypeError):
+        Translator(translator.model, translator.tokenizer, 4)
 
 
 def test_pad_batch_pads_length_to_multiples_of_8_and_rows_to_powers_of_2():

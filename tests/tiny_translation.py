@@ -47,9 +47,7 @@ def make_tiny_model_dir(directory):
     """Writes `model.keras` and `tokenizer.model` to `directory`; returns (model, tokenizer)."""
     tokenizer = kt.train_tokenizer(tiny_sentences(), vocab_size=VOCAB_SIZE, model_type="bpe")
     keras.utils.set_random_seed(0)  # the same weights whichever test builds it first
-    config = tiny_config(
-        vocab_size=tokenizer.vocab_size, max_length=MAX_LENGTH, max_decode_extra=MAX_EXTRA
-    )
+    config = tiny_config(vocab_size=tokenizer.vocab_size, max_length=MAX_LENGTH)
     model = kt.Transformer(config)
     model.save(str(directory / "model.keras"))
     tokenizer.save(str(directory))
@@ -70,7 +68,9 @@ def translator(model_dir):
 
     # A plain tf.function graph on TensorFlow (an XLA compile costs ~10 s per shape;
     # test_translator checks once that XLA gives the same); jit-compiled on JAX.
-    return Translator(model_dir, beam_size=BEAM_SIZE, batch_size=BATCH_SIZE, jit_compile=False)
+    return Translator(
+        model_dir, beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE, jit_compile=False
+    )
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,8 @@ import pathlib
 import random
 
 import babel
+
+from keras_transformer import checks
 from babel import dates as babel_dates
 from num2words import num2words
 
@@ -167,13 +169,6 @@ def _draw_number_pair(rng) -> tuple[str, str]:
     )
 
 
-def _check_size(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(
-            f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
-        )
-
-
 def make_demo_corpus(
     seed=DEFAULT_SEED,
     num_train=DEFAULT_NUM_TRAIN,
@@ -207,7 +202,7 @@ def make_demo_corpus(
     """
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     for split, size in sizes.items():
-        _check_size(f"num_{split}", size)
+        checks.check_non_negative_int(f"num_{split}", size)
     total = sum(sizes.values())
     rng = random.Random(seed)
     targets = {}  # source -> target, in draw order; dicts keep insertion order

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from keras_transformer import checks
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
@@ -434,16 +435,12 @@ def count_batches(dataset):
     return int(dataset.reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _checked_boundaries(bucket_boundaries, max_length):
     """The boundaries as a list, refusing unsorted, non-positive or too short ones."""
     boundaries = list(bucket_boundaries)
     if (
         not boundaries
-        or not all(_is_int(b) and b > 0 for b in boundaries)
+        or not all(checks.is_int(b) and b > 0 for b in boundaries)
         or any(a >= b for a, b in zip(boundaries, boundaries[1:]))
     ):
         raise ValueError(

@@ -14,6 +14,8 @@ import dataclasses
 import gzip
 import itertools
 import os
+
+from keras_transformer import checks
 from collections.abc import Iterator
 
 # Reasons counted in `ReadStats.skipped_reasons`, one per kind of malformed pair.
@@ -188,13 +190,6 @@ def _line_sentence(path, number, raw) -> str:
     return _sentence(_decode(raw, where, first_line=number == 1), where)
 
 
-def _check_column(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(
-            f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
-        )
-
-
 def read_tsv(
     path, *, source_column=0, target_column=1, skip_malformed=False
 ) -> tuple[list[tuple[str, str]], ReadStats]:
@@ -222,8 +217,8 @@ def read_tsv(
         >>> pairs[0]
         ('on May 29, 2048', 'am 29. Mai 2048')
     """
-    _check_column("source_column", source_column)
-    _check_column("target_column", target_column)
+    checks.check_non_negative_int("source_column", source_column)
+    checks.check_non_negative_int("target_column", target_column)
     if source_column == target_column:
         raise ValueError(
             "`source_column` and `target_column` must differ. Received: "

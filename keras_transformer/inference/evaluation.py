@@ -1,57 +1,12 @@
 """Scoring translations with sacreBLEU: corpus BLEU, chrF and exact match.
 
 `score_translations` scores detokenized hypotheses against references (sacreBLEU's
-defaults, so scores are comparable with published ones); `evaluate` translates a
-source file's lines with a model (in compiled batches, through
-`keras_transformer.translator.Translator`) and scores them. The validation-BLEU
-callback, the demo and `python -m training.evaluate` all use these.
+defaults, so scores are comparable with published ones); `evaluate` translates source
+lines with a `Translator` (compiled, bucketed batches) and scores them. The
+validation-BLEU callback, the demo and `kt-evaluate` all use these.
 """
 
 import sacrebleu
-
-from keras_transformer.inference.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
-
-DECODE_METHODS = ("beam", "greedy")
-
-
-def make_translator(
-    model, tokenizer=None, decode="beam", *, batch_size=64, beam_size=None, alpha=None, jit_compile=True
-):
-    """A `Translator` decoding with beam search (the paper's 4 and 0.6) or greedily.
-
-    Args:
-        model: a model directory or a `keras_transformer.Transformer`.
-        tokenizer: its `SubwordTokenizer` (None: the model directory's).
-        decode: `"beam"` (default) or `"greedy"`.
-        batch_size: int, sentences per decoder call.
-        beam_size: int, defaults to the model config's `beam_size` (4, section 6.1).
-        alpha: float, the length penalty, defaults to the config's (0.6).
-        jit_compile: bool, compile the search with XLA on TensorFlow (default True).
-
-    Example:
-    >>> make_translator("saved_models/demo", decode="greedy").translate(["on May 29, 2048"])
-    ['am 29. Mai 2048']
-    """
-    from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
-
-    if decode not in DECODE_METHODS:
-        raise ValueError(f"`decode` must be one of {DECODE_METHODS}. Received: decode={decode!r}")
-    model, tokenizer = load_model_and_tokenizer(model, tokenizer)
-    config = model.config
-    if decode == "greedy":
-        beam_size = 1
-    elif beam_size is None:
-        beam_size = getattr(config, "beam_size", DEFAULT_BEAM_SIZE)
-    if alpha is None:
-        alpha = getattr(config, "length_penalty", DEFAULT_ALPHA)
-    return Translator(
-        model,
-        tokenizer,
-        beam_size=beam_size,
-        length_penalty=alpha,
-        batch_size=batch_size,
-        jit_compile=jit_compile,
-    )
 
 
 def score_translations(hypotheses, references):
@@ -87,55 +42,43 @@ def score_translations(hypotheses, references):
     }
 
 
-def evaluate(
-    model,
-    source_lines,
-    reference_lines,
-    *,
-    decode="beam",
-    batch_size=128,
-    progress=True,
-    return_translations=False,
-    jit_compile=True,
-):
-    """Translates `source_lines` and scores them against `reference_lines`.
+def evaluate(translator, source_lines, reference_lines, *, progress=True, return_translations=False):
+    """Translates `source_lines` with `translator` and scores them against `reference_lines`.
 
-    Decoding runs in batches of `batch_size` sentences of similar length, padded to a
-    few shapes so the compiled decoder is traced once per shape, with a tqdm progress
-    bar; the output is detokenized before scoring.
+    The translator decides the search (beam size, length penalty, batch size); its
+    output is detokenized text, scored by `score_translations`.
 
     Args:
-        model: a model directory (str or path-like) or a `(model, tokenizer)` pair.
+        translator: a `keras_transformer.Translator` (or anything with its
+            `translate(sentences, progress=...)`).
         source_lines: list of str.
         reference_lines: list of str, as many as `source_lines`.
-        decode: `"beam"` (default, beam 4 and alpha 0.6 from the model config) or
-            `"greedy"`.
-        batch_size: int, sentences per decoder call.
         progress: bool, show a progress bar.
         return_translations: bool, also return the hypotheses.
-        jit_compile: bool, compile the search with XLA on TensorFlow (default True).
 
     Returns:
         dict `bleu`, `chrf`, `exact_match`, `test_pairs` (see `score_translations`);
         with `return_translations`, `(scores, translations)`.
 
     Example:
-    >>> evaluate("saved_models/demo", ["on May 29, 2048"], ["am 29. Mai 2048"], decode="greedy")
-    {'bleu': 100.0, 'chrf': 100.0, 'exact_match': 1.0, 'test_pairs': 1}
+
+    ```python
+    translator = kt.Translator("saved_models/demo", beam_size=1)
+    evaluate(translator, ["on May 29, 2048"], ["am 29. Mai 2048"])
+    # {'bleu': 100.0, 'chrf': 100.0, 'exact_match': 1.0, 'test_pairs': 1}
+    ```
     """
-    if isinstance(model, (tuple, list)):
-        if len(model) != 2:
-            raise ValueError(f"Expected a (model, tokenizer) pair. Received: {len(model)} items")
-        model, tokenizer = model
-    else:
-        tokenizer = None
+    if not callable(getattr(translator, "translate", None)):
+        raise TypeError(
+            "`translator` must be a keras_transformer.Translator (make one with "
+            f"kt.Translator(model_dir, beam_size=...)). Received: {type(translator).__name__}"
+        )
     source_lines, reference_lines = list(source_lines), list(reference_lines)
     if len(source_lines) != len(reference_lines):
         raise ValueError(
             f"Expected as many references as sources. Received: {len(source_lines)} "
             f"sources and {len(reference_lines)} references"
         )
-    translator = make_translator(model, tokenizer, decode, batch_size=batch_size, jit_compile=jit_compile)
     translations = translator.translate(source_lines, progress=progress)
     scores = score_translations(translations, reference_lines)
     return (scores, translations) if return_translations else scores
@@ -147,4 +90,4 @@ def read_lines(path):
         return [line.rstrip("\r\n") for line in file]
 
 
-__all__ = ["evaluate", "score_translations", "make_translator", "read_lines", "DECODE_METHODS"]
+__all__ = ["evaluate", "score_translations", "read_lines"]

@@ -22,7 +22,6 @@ under JAX or PyTorch is exported by loading its `.keras` file (or its
 `KERAS_BACKEND=tensorflow`; `python -m training.export` does exactly that.
 """
 
-import dataclasses
 import os
 import re
 import shutil
@@ -31,10 +30,11 @@ import warnings
 
 import keras
 
+from keras_transformer import checks
 from keras_transformer.inference import decoding
-from keras_transformer.inference.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
+from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
-from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
+from keras_transformer.model.directory import load_model_and_tokenizer
 
 DEFAULT_BASE_DIR = "saved_models"
 DEFAULT_NAME = "transformer"
@@ -111,9 +111,9 @@ def export_saved_model(
     name=DEFAULT_NAME,
     version=None,
     overwrite=False,
-    beam_size=DEFAULT_BEAM_SIZE,
-    length_penalty=DEFAULT_ALPHA,
-    max_extra=None,
+    beam_size=BEAM_SIZE,
+    length_penalty=LENGTH_PENALTY,
+    max_extra=MAX_DECODE_EXTRA,
     ids_only=False,
 ):
     """Writes a TF Serving SavedModel to `base_dir/name/version/`; returns that path.
@@ -134,8 +134,7 @@ def export_saved_model(
         overwrite: bool, replace an existing version directory instead of raising.
         beam_size: int, beams per sentence; 1 exports greedy search. Default 4 (6.1).
         length_penalty: float, alpha of the length penalty. Default 0.6 (6.1).
-        max_extra: int, extra output tokens over the source length; defaults to the
-            config's `max_decode_extra`.
+        max_extra: int, extra output tokens over the source length. Default 50 (6.1).
         ids_only: bool, leave the tokenizer out: only token-id signatures, loadable
             where tensorflow-text ops are not.
 
@@ -156,12 +155,13 @@ def export_saved_model(
 
     _check_name(name)
     model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
-    decoding._check_beam_arguments(beam_size, length_penalty)
+    checks.check_positive_int("beam_size", beam_size)
+    checks.check_non_negative_number("length_penalty", length_penalty)
+    checks.check_non_negative_int("max_extra", max_extra)
     model_base = os.path.join(os.fspath(base_dir), name)
     if version is None:
         version = next_version(model_base)
-    if isinstance(version, bool) or not isinstance(version, int) or version <= 0:
-        raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
+    checks.check_positive_int("version", version)
     target = os.path.join(model_base, str(version))
     if os.path.exists(target) and not overwrite:
         raise FileExistsError(
@@ -247,74 +247,6 @@ def translate_with_saved_model(export_dir, sentences):
     return translations, [float(score) for score in outputs["score"].numpy()]
 
 
-@dataclasses.dataclass(frozen=True)
-class ExportCheck:
-    """What `export_and_check` did: where it exported, and what the export said.
-
-    Args:
-        export_dir: str, the version directory written.
-        sentences: list of str, the sentences translated.
-        translations: list of str, the SavedModel's translations.
-        agrees: list of bool, whether each equals the in-process `Translator`'s.
-    """
-
-    export_dir: str
-    sentences: list
-    translations: list
-    agrees: list
-
-    def __str__(self):
-        lines = [f"SavedModel {self.export_dir}:"]
-        for source, target, agree in zip(self.sentences, self.translations, self.agrees):
-            mark = "" if agree else "   (differs from the in-process Translator)"
-            lines.append(f"  {source!r} -> {target!r}{mark}")
-        return "\n".join(lines)
-
-
-def export_and_check(
-    model_dir, sentences, *, base_dir=DEFAULT_BASE_DIR, name="demo", jit_compile=True, **kwargs
-):
-    """Exports `model_dir`, reloads the SavedModel and translates `sentences` with it.
-
-    The end of `make demo`: the translations of the reloaded graph are compared with
-    those of a `Translator` on the same model (same beam settings).
-
-    Args:
-        model_dir: a model directory (`model.keras` + `tokenizer.model`).
-        sentences: list of str to translate.
-        base_dir, name: where to export (`base_dir/name/<next version>/`).
-        jit_compile: bool, XLA-compile the in-process `Translator` it compares with.
-        **kwargs: more `export_saved_model` arguments (`beam_size`, `version`, ...).
-
-    Returns:
-        An `ExportCheck`; `print` it to show the translations.
-
-    Example:
-    >>> print(export_and_check("saved_models/demo", ["on May 29, 2048"],
-    ...                        base_dir="saved_models", name="demo"))
-    SavedModel saved_models/demo/1:
-      'on May 29, 2048' -> 'am 29. Mai 2048'
-    """
-    model, tokenizer = load_model_and_tokenizer(model_dir)
-    export_dir = export_saved_model(model, tokenizer, base_dir=base_dir, name=name, **kwargs)
-    translations, _ = translate_with_saved_model(export_dir, sentences)
-    translator = Translator(
-        model,
-        tokenizer,
-        beam_size=kwargs.get("beam_size", DEFAULT_BEAM_SIZE),
-        length_penalty=kwargs.get("length_penalty", DEFAULT_ALPHA),
-        max_extra=kwargs.get("max_extra"),
-        jit_compile=jit_compile,
-    )
-    expected = translator.translate(sentences)
-    return ExportCheck(
-        export_dir=export_dir,
-        sentences=list(sentences),
-        translations=translations,
-        agrees=[a == b for a, b in zip(translations, expected)],
-    )
-
-
 def _check_name(name):
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name):
         raise ValueError(
@@ -363,10 +295,8 @@ __all__ = [
     "SERVING_SIGNATURE",
     "IDS_SIGNATURE",
     "PYTHON_FUNCTION_OPS",
-    "ExportCheck",
     "check_tensorflow_backend",
     "export_saved_model",
-    "export_and_check",
     "next_version",
     "saved_model_op_types",
     "translate_with_saved_model",

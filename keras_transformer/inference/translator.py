@@ -11,18 +11,17 @@ shape, so a long stream of sentences costs a handful of compilations, not one pe
 """
 
 import math
-import os
 import threading
 import warnings
 
 import keras
 import numpy as np
 
-from keras_transformer.inference.compiled import compile_decoder
+from keras_transformer import checks
 from keras_transformer.data.pipeline import default_bucket_boundaries
-from keras_transformer.inference.decoding import DEFAULT_ALPHA, DEFAULT_BEAM_SIZE
-from keras_transformer.model.transformer import Transformer
-from keras_transformer.model.directory import MODEL_FILE
+from keras_transformer.inference.compiled import CompiledDecoder
+from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
+from keras_transformer.model.directory import load_model_and_tokenizer
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
 
 DEFAULT_BATCH_SIZE = 64
@@ -35,7 +34,9 @@ class Translator:
     alpha of 0.6, section 6.1) or, with `beam_size=1`, greedy search, each sentence
     through the key/value cache (`keras_transformer.inference.decoding`), compiled for the
     backend (`keras_transformer.inference.compiled`). A sentence's output may be at most its
-    length + `config.max_decode_extra` tokens (the paper's "input length + 50").
+    length + `max_extra` tokens (the paper's "input length + 50"). The decoding
+    settings are the translator's own arguments: the model's config holds only its
+    architecture.
 
     Inputs are checked one by one: `translate` takes a list (or other iterable) of
     `str`, and refuses a lone `str` (it would otherwise be read as a list of
@@ -59,9 +60,9 @@ class Translator:
         beam_size: int, beams per sentence; 1 is greedy search. Defaults to 4 (6.1).
         length_penalty: float >= 0, alpha of the length penalty (ignored by greedy
             search). Defaults to 0.6 (6.1).
+        max_extra: int >= 0, extra output tokens allowed over the source length.
+            Defaults to 50 (6.1).
         batch_size: int, the most sentences decoded together.
-        max_extra: int, extra output tokens allowed over the source length; defaults
-            to the model config's `max_decode_extra` (50).
         jit_compile: bool, compile with XLA on TensorFlow (default True).
 
     Raises:
@@ -80,42 +81,37 @@ class Translator:
         self,
         model_dir_or_model,
         tokenizer=None,
-        beam_size=DEFAULT_BEAM_SIZE,
-        length_penalty=DEFAULT_ALPHA,
-        batch_size=DEFAULT_BATCH_SIZE,
         *,
-        max_extra=None,
+        beam_size=BEAM_SIZE,
+        length_penalty=LENGTH_PENALTY,
+        max_extra=MAX_DECODE_EXTRA,
+        batch_size=DEFAULT_BATCH_SIZE,
         jit_compile=True,
     ):
+        checks.check_positive_int("beam_size", beam_size)
+        checks.check_non_negative_number("length_penalty", length_penalty)
+        checks.check_non_negative_int("max_extra", max_extra)
+        checks.check_positive_int("batch_size", batch_size)
+        checks.check_bool("jit_compile", jit_compile)
         model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
-        _check_positive_int("beam_size", beam_size)
-        _check_positive_int("batch_size", batch_size)
-        if (
-            isinstance(length_penalty, bool)
-            or not isinstance(length_penalty, (int, float))
-            or length_penalty < 0
-        ):
-            raise ValueError(
-                f"`length_penalty` must be a number >= 0. Received: length_penalty={length_penalty!r}"
-            )
         self.model = model
         self.tokenizer = tokenizer
         self.beam_size = beam_size
         self.length_penalty = float(length_penalty)
+        self.max_extra = max_extra
         self.batch_size = batch_size
         # The source with its EOS must fit the model's positions.
         self.max_source_tokens = model.config.max_length - 1
-        decode_kwargs = {"max_extra": max_extra}
         if beam_size == 1:
-            self.decoder = compile_decoder(model, "greedy", jit_compile=jit_compile, **decode_kwargs)
+            self.decoder = CompiledDecoder(model, "greedy", jit_compile=jit_compile, max_extra=max_extra)
         else:
-            self.decoder = compile_decoder(
+            self.decoder = CompiledDecoder(
                 model,
                 "beam",
                 jit_compile=jit_compile,
                 beam_size=beam_size,
                 alpha=self.length_penalty,
-                **decode_kwargs,
+                max_extra=max_extra,
             )
         self._lock = threading.Lock()
 
@@ -194,65 +190,6 @@ class Translator:
         return tokens, scores
 
 
-def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
-    """The `(Transformer, SubwordTokenizer)` of a model directory, or the ones given.
-
-    Args:
-        model_dir_or_model: a directory with `model.keras` (and `tokenizer.model`
-            unless `tokenizer` is given), or a `Transformer`.
-        tokenizer: a `SubwordTokenizer`, a path to one, or None (the directory's).
-
-    Returns:
-        `(model, tokenizer)`, checked to share one vocabulary size.
-
-    Raises:
-        FileNotFoundError, TypeError, ValueError: with what was received.
-    """
-    from keras_transformer.data.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
-
-    if isinstance(model_dir_or_model, (str, os.PathLike)):
-        model_dir = os.fspath(model_dir_or_model)
-        model_path = os.path.join(model_dir, MODEL_FILE)
-        if not os.path.isfile(model_path):
-            raise FileNotFoundError(
-                f"No {MODEL_FILE} in the model directory {model_dir!r}; expected the "
-                "file written by model.save()."
-            )
-        model = keras.models.load_model(model_path, compile=False, safe_mode=True)
-        if tokenizer is None:
-            tokenizer = model_dir
-    elif isinstance(model_dir_or_model, Transformer):
-        model = model_dir_or_model
-        if tokenizer is None:
-            raise ValueError(
-                "A model object needs its tokenizer: pass `tokenizer=` (a SubwordTokenizer "
-                "or the path of its tokenizer.model)."
-            )
-    else:
-        raise TypeError(
-            "`model_dir_or_model` must be a model directory (str or path) or a "
-            f"keras_transformer.Transformer. Received: {type(model_dir_or_model).__name__}"
-        )
-    if not isinstance(model, Transformer):
-        raise TypeError(
-            f"{MODEL_FILE} must hold a keras_transformer.Transformer. "
-            f"Received: {type(model).__name__}"
-        )
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = SubwordTokenizer.load(tokenizer)
-    if not isinstance(tokenizer, SubwordTokenizer):
-        raise TypeError(
-            "`tokenizer` must be a SubwordTokenizer or the path of a tokenizer.model. "
-            f"Received: {type(tokenizer).__name__}"
-        )
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(
-            f"The tokenizer's vocab_size ({tokenizer.vocab_size}) differs from the model's "
-            f"config.vocab_size ({model.config.vocab_size}): they were not trained together."
-        )
-    return model, tokenizer
-
-
 def pad_batch(batch_ids, max_length, batch_size):
     """int32 `[B', S']` encoder inputs: `batch_ids` padded with PAD rows and columns.
 
@@ -301,11 +238,6 @@ def _checked_sentences(sentences):
     return sentences
 
 
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-
-
 def _progress_bar(total, enabled):
     if not enabled:
         return None
@@ -314,4 +246,4 @@ def _progress_bar(total, enabled):
     return tqdm(total=total, unit="sentence", desc="translating")
 
 
-__all__ = ["Translator", "load_model_and_tokenizer", "pad_batch"]
+__all__ = ["Translator", "pad_batch"]

@@ -1,21 +1,41 @@
-"""`TransformerConfig`: every hyper-parameter of a model, with the paper's defaults.
+"""`TransformerConfig`: the architecture of a model, with the paper's defaults.
 
-Defaults are the base model of Vaswani et al., 2017 (Table 3, "base"), each with the
-section that gives it. Presets are overrides of these defaults, never a second copy.
+It holds what rebuilds the weights and the forward pass, nothing else: the optimizer,
+schedule and loss live in `keras_transformer.train.config.TrainingConfig`, batching in
+the run config, decoding settings in the `Translator`'s arguments. Defaults are the base
+model of Vaswani et al., 2017 (Table 3, "base"), each with the section that gives it.
+Presets are overrides of these defaults, never a second copy.
 """
 
 import dataclasses
 import typing
 
-from keras_transformer.train.losses import LABEL_SMOOTHING
-from keras_transformer.train.schedules import WARMUP_STEPS
+from keras_transformer import checks
 
 _POSITION_ENCODINGS = ("sinusoidal", "learned")
+
+# Fields that configs of version 0.1 carried besides the architecture (training and
+# decoding settings). `from_dict` drops them, so `model.keras` files written by 0.1 load.
+LEGACY_FIELDS = frozenset(
+    {
+        "label_smoothing",
+        "warmup_steps",
+        "learning_rate_scale",
+        "adam_beta_1",
+        "adam_beta_2",
+        "adam_epsilon",
+        "clipnorm",
+        "tokens_per_batch",
+        "beam_size",
+        "length_penalty",
+        "max_decode_extra",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    """Hyper-parameters of a Transformer, its training and its decoding.
+    """The architecture of a Transformer: what its weights and forward pass depend on.
 
     Frozen: make variants with `config.replace(**changes)` or
     `TransformerConfig.from_preset(name, **overrides)`. Every field is validated on
@@ -27,7 +47,6 @@ class TransformerConfig:
     64
     """
 
-    # Architecture (section 3, Table 3 "base").
     vocab_size: int = 37000  # shared source-target BPE vocabulary for WMT14 en-de (5.1)
     d_model: int = 512  # width of every sub-layer output (3.1)
     num_heads: int = 8  # h = 8 parallel heads of d_k = d_v = d_model / h = 64 (3.2.2)
@@ -42,26 +61,10 @@ class TransformerConfig:
     norm_first: bool = False  # the paper is post-norm (5.4); pre-norm is a departure
     position_encoding: str = "sinusoidal"  # "sinusoidal" (3.5) or "learned" (Table 3 E)
     layer_norm_epsilon: float = 1e-6  # not given in the paper; tensor2tensor's value
-
-    # Training (section 5).
-    label_smoothing: float = LABEL_SMOOTHING  # epsilon_ls = 0.1 (5.4)
-    warmup_steps: int = WARMUP_STEPS  # 4000 (5.3)
-    learning_rate_scale: float = 1.0  # multiplies the schedule; 1.0 is the paper's formula
-    adam_beta_1: float = 0.9  # (5.3)
-    adam_beta_2: float = 0.98  # (5.3)
-    adam_epsilon: float = 1e-9  # (5.3)
-    clipnorm: typing.Optional[float] = None  # not in the paper; None disables clipping
-    tokens_per_batch: int = 25000  # ~25k source + 25k target tokens per batch (5.1)
     dtype_policy: typing.Optional[str] = None  # None: Keras' global policy
 
-    # Decoding (section 6.1).
-    beam_size: int = 4  # beam of 4 (6.1)
-    length_penalty: float = 0.6  # alpha = 0.6 in ((5 + len) / 6) ** alpha (6.1)
-    max_decode_extra: int = 50  # maximum output length = input length + 50 (6.1)
-
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            check_type(field.name, getattr(self, field.name), field.type)
+        checks.check_dataclass_fields(self)
         for name in (
             "vocab_size",
             "d_model",
@@ -70,45 +73,17 @@ class TransformerConfig:
             "num_encoder_layers",
             "num_decoder_layers",
             "max_length",
-            "warmup_steps",
-            "tokens_per_batch",
-            "beam_size",
         ):
-            value = getattr(self, name)
-            if value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-        if self.max_decode_extra < 0:
-            raise ValueError(
-                f"`max_decode_extra` must be >= 0. Received: max_decode_extra={self.max_decode_extra!r}"
-            )
-        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value!r}")
-        for name in ("adam_beta_1", "adam_beta_2"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={value!r}")
-        for name in ("adam_epsilon", "layer_norm_epsilon", "learning_rate_scale"):
-            value = getattr(self, name)
-            if value <= 0:
-                raise ValueError(f"`{name}` must be > 0. Received: {name}={value!r}")
-        if self.clipnorm is not None and self.clipnorm <= 0:
-            raise ValueError(f"`clipnorm` must be > 0 or None. Received: clipnorm={self.clipnorm!r}")
-        if self.length_penalty < 0:
-            raise ValueError(
-                f"`length_penalty` must be >= 0. Received: length_penalty={self.length_penalty!r}"
-            )
+            checks.check_positive_int(name, getattr(self, name))
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            checks.check_rate(name, getattr(self, name))
+        checks.check_positive_number("layer_norm_epsilon", self.layer_norm_epsilon)
         if self.d_model % self.num_heads != 0:
             raise ValueError(
                 "`d_model` must be divisible by `num_heads`. "
                 f"Received: d_model={self.d_model}, num_heads={self.num_heads}"
             )
-        if self.position_encoding not in _POSITION_ENCODINGS:
-            raise ValueError(
-                f"`position_encoding` must be one of {_POSITION_ENCODINGS}. "
-                f"Received: position_encoding={self.position_encoding!r}"
-            )
+        checks.check_choice("position_encoding", self.position_encoding, _POSITION_ENCODINGS)
 
     @property
     def head_dim(self):
@@ -125,9 +100,14 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, values):
-        """Builds a config from a dict, refusing unknown keys with `ValueError`."""
+        """Builds a config from a dict, refusing unknown keys with `ValueError`.
+
+        The training and decoding fields of 0.1 configs (`LEGACY_FIELDS`) are dropped,
+        so models saved by 0.1 load; they never changed the weights or the forward pass.
+        """
         if not isinstance(values, dict):
             raise ValueError(f"Expected a dict of config values. Received: {type(values).__name__}")
+        values = {key: value for key, value in values.items() if key not in LEGACY_FIELDS}
         _check_known_fields(values)
         return cls(**values)
 
@@ -164,47 +144,19 @@ PRESETS = {
         "num_encoder_layers": 2,
         "num_decoder_layers": 2,
         "max_length": 64,
-        "warmup_steps": 400,
-        "tokens_per_batch": 2048,
     },
 }
 
 
 def _check_known_fields(values):
-    known = {field.name for field in dataclasses.fields(TransformerConfig)}
-    unknown = sorted(set(values) - known)
+    unknown = set(values) & LEGACY_FIELDS
     if unknown:
         raise ValueError(
-            f"Unknown TransformerConfig field(s): {unknown}. Expected some of: {sorted(known)}"
+            f"{sorted(unknown)} are not architecture settings: the optimizer, schedule and "
+            "loss are set in TrainingConfig (the run config's [training] table), batching "
+            "in the run config, decoding in the Translator's arguments."
         )
+    checks.check_known_keys("TransformerConfig field", values, TransformerConfig)
 
 
-def check_type(name, value, annotation):
-    """Strict types: ints are not floats' stand-ins for bools, bools are not ints.
-
-    Shared with `RunConfig`: `annotation` is bool, int, float, str, dict or
-    `Optional` of one of them.
-    """
-    optional = typing.get_origin(annotation) is typing.Union
-    if optional:
-        if value is None:
-            return
-        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
-    if annotation is dict:
-        ok = isinstance(value, dict)
-    elif annotation is bool:
-        ok = isinstance(value, bool)
-    elif annotation is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif annotation is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif annotation is str:
-        ok = isinstance(value, str)
-    else:  # pragma: no cover - every field has one of the types above
-        ok = True
-    if not ok:
-        expected = annotation.__name__ + (" or None" if optional else "")
-        raise ValueError(
-            f"`{name}` must be of type {expected}. Received: {name}={value!r} "
-            f"(type {type(value).__name__})"
-        )
+__all__ = ["TransformerConfig", "PRESETS", "LEGACY_FIELDS"]

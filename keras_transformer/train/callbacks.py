@@ -18,7 +18,9 @@ import keras
 from keras_transformer.model import directory as model_directory
 from keras_transformer.atomic import save_weights_atomically
 from keras_transformer.train.checkpoints import prune_checkpoints, weights_are_finite
-from keras_transformer.inference.evaluation import make_translator, score_translations
+from keras_transformer import checks
+from keras_transformer.inference.decoding import BEAM_SIZE
+from keras_transformer.inference.evaluation import score_translations
 
 
 class LearningRateLogger(keras.callbacks.Callback):
@@ -58,8 +60,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def __init__(self, seconds):
         super().__init__()
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ValueError(f"`seconds` must be a positive number. Received: seconds={seconds!r}")
+        checks.check_positive_number("seconds", seconds)
         self.seconds = float(seconds)
         self.stopped_early = False
         self._start = None
@@ -98,8 +99,7 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
 
     def __init__(self, directory, keep=5):
         super().__init__()
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"`keep` must be a positive integer. Received: keep={keep!r}")
+        checks.check_positive_int("keep", keep)
         self.directory = directory
         self.keep = keep
 
@@ -125,10 +125,7 @@ class _TranslationCallback(keras.callbacks.Callback):
         pairs = list(pairs)
         if not pairs:
             raise ValueError("Expected at least one (source, reference) pair. Received: none")
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(
-                f"`every_n_epochs` must be a positive integer. Received: every_n_epochs={every_n_epochs!r}"
-            )
+        checks.check_positive_int("every_n_epochs", every_n_epochs)
         if num_samples is not None and num_samples < len(pairs):
             pairs = random.Random(seed).sample(pairs, num_samples)
         self.pairs = pairs
@@ -151,10 +148,12 @@ class _TranslationCallback(keras.callbacks.Callback):
 
     def _translate(self):
         if self._translator is None or self._translator.model is not self.model:
-            self._translator = make_translator(
+            from keras_transformer.inference.translator import Translator  # TensorFlow
+
+            self._translator = Translator(
                 self.model,
                 self.tokenizer,
-                self.decode,
+                beam_size=1 if self.decode == "greedy" else BEAM_SIZE,
                 batch_size=self.batch_size,
                 jit_compile=self.jit_compile,
             )

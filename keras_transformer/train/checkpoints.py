@@ -12,6 +12,7 @@ import re
 import keras
 import numpy as np
 
+from keras_transformer import checks
 from keras_transformer.atomic import save_model_atomically, save_weights_atomically
 
 # Checkpoint averaging, Vaswani et al. (2017), section 6.1: the last 5 (base), 20 (big).
@@ -40,8 +41,7 @@ def latest_checkpoints(directory, k=CHECKPOINTS_TO_AVERAGE):
     >>> latest_checkpoints("saved_models/demo/checkpoints", 2)
     ['saved_models/demo/checkpoints/epoch_009.weights.h5', '.../epoch_010.weights.h5']
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"`k` must be a positive integer. Received: k={k!r}")
+    checks.check_positive_int("k", k)
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"No checkpoint directory at {directory}")

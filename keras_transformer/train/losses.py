@@ -4,11 +4,11 @@ The per-token helpers here are shared with `metrics.py`, so that the loss, maske
 accuracy and perplexity agree on which tokens count and how labels are read.
 """
 
-import numbers
 
 import keras
 from keras import ops
 
+from keras_transformer import checks
 from keras_transformer.special_tokens import PAD_ID
 
 # Vaswani et al. (2017), section 5.4: "we employed label smoothing of value eps_ls = 0.1".
@@ -160,15 +160,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         name="label_smoothed_cross_entropy",
     ):
         super().__init__(name=name)
-        if (
-            not isinstance(label_smoothing, numbers.Real)
-            or isinstance(label_smoothing, bool)
-            or not 0.0 <= label_smoothing < 1.0
-        ):
-            raise ValueError(
-                "`label_smoothing` must be a number in [0, 1). "
-                f"Received: label_smoothing={label_smoothing!r}"
-            )
+        checks.check_rate("label_smoothing", label_smoothing)
         check_ignore_id(ignore_id)
         self.label_smoothing = float(label_smoothing)
         self.ignore_id = None if ignore_id is None else int(ignore_id)
@@ -217,9 +209,7 @@ def _scale_loss_for_distribution(loss):
 
 def check_ignore_id(ignore_id):
     """Raise ValueError unless `ignore_id` is an integer or None (shared with metrics)."""
-    if ignore_id is not None and (
-        not isinstance(ignore_id, numbers.Integral) or isinstance(ignore_id, bool)
-    ):
+    if ignore_id is not None and not checks.is_int(ignore_id):
         raise ValueError(
             f"`ignore_id` must be an integer or None. Received: ignore_id={ignore_id!r}"
         )

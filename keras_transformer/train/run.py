@@ -1,16 +1,22 @@
-"""`train(run_config)`: a whole training run, from corpus to a model directory.
+"""`run_training(run_config)`: a whole training run, from corpus to a model directory.
 
-The library function behind `python -m training.train` and `make demo`. In order: read
-the corpus, train (or, when resuming, reload) the joint tokenizer, build the token-budget
-tf.data pipeline, build and compile the model (inside the distribution scope of
-`run_config.strategy`), print a summary, `fit` with the default callbacks, then save
-`model.keras`, `tokenizer.model`, `config.toml` and the training-curve PNG into the model
-directory (see `keras_transformer.model.directory` for the layout).
+The library function behind `kt-train` and `kt-demo`. It follows the paper's recipe as a
+sequence of small steps, each a function of its own:
+
+1. `prepare_model_directory`: resume an interrupted run, refuse to overwrite a finished
+   one (unless `overwrite`), or start clean.
+2. `load_corpus`: the sentence pairs of each split.
+3. `prepare_tokenizer`: one joint subword vocabulary for both languages (5.1).
+4. `make_datasets`: token-budget batches of sentences of similar length (5.1).
+5. `build_and_compile`: the model of `[model]`, Adam on the warmup schedule with the
+   label-smoothed loss of `[training]` (5.3, 5.4), in the distribution scope.
+6. `fit`: `model.fit` with the default callbacks (checkpoints, logs, time budget).
+7. `save_outputs`: `model.keras` (never with NaN weights) and the training-curve PNG.
+
+See `keras_transformer.model.directory` for what the model directory holds.
 """
 
-import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -18,13 +24,27 @@ import time
 
 import keras
 
+from keras_transformer import distribute
 from keras_transformer.model import directory as model_directory
+from keras_transformer.model.transformer import build_transformer
 from keras_transformer.train.callbacks import TimeBudget, default_callbacks
 from keras_transformer.train.checkpoints import save_final_model
-from keras_transformer.model.transformer import build_transformer
+from keras_transformer.train.compile import compile_transformer, make_schedule
 from keras_transformer.train.curves import plot_training_curves
 from keras_transformer.train.run_config import RunConfig
-from keras_transformer.train.compile import compile_transformer
+
+# What a finished run leaves in its model directory (TF Serving versions are the
+# numbered subdirectories that the demo's export adds beside them).
+_RUN_OUTPUTS = (
+    model_directory.MODEL_FILE,
+    model_directory.TOKENIZER_FILE,
+    model_directory.CONFIG_FILE,
+    model_directory.CSV_LOG_FILE,
+    model_directory.CURVES_FILE,
+    model_directory.METRICS_FILE,
+    model_directory.TENSORBOARD_DIR,
+    model_directory.CHECKPOINT_DIR,
+)
 
 
 @dataclasses.dataclass
@@ -35,7 +55,6 @@ class TrainingResult:
         model_dir: str, the model directory.
         model: the trained `Transformer`.
         tokenizer: its `SubwordTokenizer`.
-        splits: dict from split name to `(source, target)` pairs (the corpus read).
         history: the `keras.callbacks.History` of `fit`.
         train_seconds: float, wall-clock seconds of `fit` (compilation included).
         steps: int, optimizer steps taken in this process.
@@ -48,13 +67,121 @@ class TrainingResult:
     model_dir: str
     model: object
     tokenizer: object
-    splits: dict
     history: object
     train_seconds: float
     steps: int
     target_tokens_per_second: float
     stopped_by_time_budget: bool
-    steps_per_epoch: int = 0
+    steps_per_epoch: int
+
+
+def run_training(run_config, *, print_fn=print):
+    """Runs the training described by `run_config`; returns a `TrainingResult`.
+
+    Writes into `run_config.model_dir`: `tokenizer.model` and `config.toml` (before
+    training), checkpoints, CSV and TensorBoard logs (during), and `model.keras` and
+    `training_curves.png` (after). A directory holding the backup of an interrupted run
+    (`backup/`) resumes at the epoch after its last finished one, with its tokenizer.
+
+    Args:
+        run_config: `RunConfig`.
+        print_fn: callable for the summary lines; default `print`.
+
+    Raises:
+        FileExistsError: the directory holds a finished run and `overwrite` is false.
+    """
+    if not isinstance(run_config, RunConfig):
+        raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
+    if keras.backend.backend() == "tensorflow":
+        # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
+        # tf.data below); the scope around fit reuses this cached strategy.
+        distribute.select_strategy(run_config.strategy or None)
+    model_dir, resuming = prepare_model_directory(run_config, print_fn)
+    keras.utils.set_random_seed(run_config.seed)
+    splits = _timed(print_fn, "corpus", lambda: load_corpus(run_config))
+    tokenizer = _timed(
+        print_fn, "tokenizer", lambda: prepare_tokenizer(run_config, splits["train"], model_dir, resuming)
+    )
+    config = run_config.model_config(tokenizer.vocab_size)
+    _write_text(os.path.join(model_dir, model_directory.CONFIG_FILE), run_config.to_toml(config))
+    datasets = make_datasets(run_config, config, splits, tokenizer)
+    callbacks = default_callbacks(
+        model_dir,
+        keep_checkpoints=run_config.keep_checkpoints,
+        validation_pairs=splits.get("validation") or None,
+        tokenizer=tokenizer,
+        bleu_every_epochs=run_config.bleu_every_epochs,
+        bleu_samples=run_config.bleu_samples,
+        sample_translations=run_config.sample_translations,
+        max_train_seconds=run_config.max_train_seconds or None,
+        jit_compile=run_config.jit_compile is not False,
+    )
+    # Build, compile and fit in the scope: tf.distribute places variables as they are
+    # made, and keras.distribution (JAX) is set for the scope's duration only.
+    with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
+        replicas = distribute.num_replicas(engine)
+        model = build_and_compile(run_config, config)
+        tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(datasets.train_stats.num_batches, 1)
+        _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
+        history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
+    save_outputs(model, model_dir, print_fn)
+    tokens_per_second = steps * tokens_per_step / seconds if seconds else float("nan")
+    stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
+    print_fn(
+        f"trained {steps} steps in {seconds:.0f} s ({steps / max(seconds, 1e-9):.2f} steps/s, "
+        f"~{tokens_per_second:,.0f} target tokens/s)" + ("; stopped by the time budget" if stopped else "")
+    )
+    return TrainingResult(
+        model_dir=model_dir,
+        model=model,
+        tokenizer=tokenizer,
+        history=history,
+        train_seconds=seconds,
+        steps=steps,
+        target_tokens_per_second=tokens_per_second,
+        stopped_by_time_budget=stopped,
+        steps_per_epoch=run_config.steps_per_epoch or datasets.train_stats.num_batches,
+    )
+
+
+# ------------------------------------------------------------------------- steps
+def prepare_model_directory(run_config, print_fn=print):
+    """The directory to write into, and whether an interrupted run resumes there.
+
+    On a non-chief worker of a multi-worker run, a scratch directory: every worker runs
+    the same callbacks, but only the chief's files are kept. A directory with `backup/`
+    resumes. A directory holding a finished run's files is refused unless
+    `run_config.overwrite`, which removes those files first; anything else found in
+    the directory is kept and named.
+
+    Returns:
+        `(model_dir, resuming)`.
+    """
+    if not distribute.is_chief():
+        return tempfile.mkdtemp(prefix="keras_transformer_worker_"), False
+    model_dir = run_config.model_dir
+    os.makedirs(model_dir, exist_ok=True)
+    if os.path.isdir(os.path.join(model_dir, model_directory.BACKUP_DIR)):
+        print_fn(f"Run {run_config.name!r} -> {model_dir} (resuming an interrupted run)")
+        return model_dir, True
+    entries = sorted(os.listdir(model_dir))
+    earlier = [name for name in entries if name in _RUN_OUTPUTS or name.isdigit()]
+    if earlier and not run_config.overwrite:
+        raise FileExistsError(
+            f"{model_dir} already holds a finished run ({', '.join(earlier)}). Set "
+            "`overwrite = true` (--set overwrite=true) to replace it, or choose another "
+            "`name` or `output_dir`."
+        )
+    for name in earlier:
+        path = os.path.join(model_dir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    kept = [name for name in entries if name not in earlier]
+    print_fn(
+        f"Run {run_config.name!r} -> {model_dir}"
+        + (f" (replaced the earlier run's {', '.join(earlier)})" if earlier else "")
+        + (f"; kept {', '.join(kept)}" if kept else "")
+    )
+    return model_dir, False
 
 
 def load_corpus(run_config):
@@ -66,56 +193,22 @@ def load_corpus(run_config):
     pairs; `"tsv"` reads `data_dir/{split}.tsv` (source, target columns); `"tfds"` loads
     `tfds_name` splits (prepared beforehand; nothing is downloaded).
     """
-    from keras_transformer.data import readers
-
     names = {
         "train": run_config.train_split,
         "validation": run_config.validation_split,
         "test": run_config.test_split,
     }
+    names = {key: name for key, name in names.items() if name}
     if run_config.corpus == "demo":
         from keras_transformer.data.demo_corpus import make_demo_corpus
 
         corpus = make_demo_corpus(seed=run_config.demo_seed, num_train=run_config.demo_num_train)
-        splits = {key: corpus[key] for key, name in names.items() if name}
+        splits = {key: corpus[key] for key in names}
     else:
-        splits = {}
-        for key, name in names.items():
-            if not name:
-                continue
-            if run_config.corpus == "files":
-                stem = os.path.join(run_config.data_dir, name)
-                pairs, _ = readers.read_parallel_files(
-                    f"{stem}.{run_config.source_lang}", f"{stem}.{run_config.target_lang}"
-                )
-            elif run_config.corpus == "tsv":
-                path = os.path.join(run_config.data_dir, name)
-                pairs, _ = readers.read_tsv(path if path.endswith(".tsv") else f"{path}.tsv")
-            else:
-                pairs, _ = readers.load_tfds(
-                    run_config.tfds_name,
-                    split=name,
-                    source_lang=run_config.source_lang,
-                    target_lang=run_config.target_lang,
-                    data_dir=run_config.data_dir or None,
-                )
-            splits[key] = pairs
+        splits = {key: _read_split(run_config, name) for key, name in names.items()}
     if run_config.max_train_pairs:
         splits["train"] = splits["train"][: run_config.max_train_pairs]
     return splits
-
-
-@contextlib.contextmanager
-def distribution_scope(strategy, config):
-    """Builds inside `keras_transformer.distribute.distribution_scope(strategy)`.
-
-    Yields the number of data-parallel replicas. An empty `strategy` means "auto" (one
-    device unless several are there).
-    """
-    from keras_transformer import distribute
-
-    with distribute.distribution_scope(strategy or None, config=config) as engine:
-        yield distribute.num_replicas(engine)
 
 
 def prepare_tokenizer(run_config, train_pairs, model_dir, resuming):
@@ -142,103 +235,69 @@ def prepare_tokenizer(run_config, train_pairs, model_dir, resuming):
     return tokenizer
 
 
-def run_training(run_config, *, print_fn=print):
-    """Runs the training described by `run_config`; returns a `TrainingResult`.
+@dataclasses.dataclass
+class Datasets:
+    """The batches `fit` reads: training, validation (or None), and training's stats."""
 
-    Writes into `run_config.model_dir`: `tokenizer.model` (before training),
-    checkpoints, CSV and TensorBoard logs (during), and `model.keras`, `config.toml` and
-    `training_curves.png` (after). If the directory holds the backup of an interrupted
-    run (`backup/`), that run is resumed at the epoch after its last finished one, with
-    its tokenizer; otherwise earlier checkpoints in the directory are removed and
-    training starts afresh.
+    train: object
+    validation: object
+    train_stats: object
 
-    Args:
-        run_config: `RunConfig`.
-        print_fn: callable for the summary lines; default `print`.
-    """
-    if not isinstance(run_config, RunConfig):
-        raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
 
-    from keras_transformer import distribute
+def make_datasets(run_config, config, splits, tokenizer):
+    """Training and validation batches (token budget, padded to length buckets)."""
+    from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
 
-    if keras.backend.backend() == "tensorflow":
-        # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
-        # tf.data below); the scope around fit reuses this cached strategy.
-        distribute.select_strategy(run_config.strategy or None)
-    model_dir = run_config.model_dir
-    if not distribute.is_chief():
-        # Every worker runs the same callbacks, but only the chief's files are kept.
-        model_dir = tempfile.mkdtemp(prefix="keras_transformer_worker_")
-    os.makedirs(model_dir, exist_ok=True)
-    resuming = os.path.isdir(os.path.join(model_dir, model_directory.BACKUP_DIR))
-    if not resuming:
-        shutil.rmtree(os.path.join(model_dir, model_directory.CHECKPOINT_DIR), ignore_errors=True)
-    keras.utils.set_random_seed(run_config.seed)
-
-    started = time.monotonic()
-    splits = load_corpus(run_config)
-    sizes = ", ".join(f"{len(pairs)} {split}" for split, pairs in splits.items())
-    print_fn(f"Run {run_config.name!r} -> {model_dir}{' (resuming)' if resuming else ''}")
-    print_fn(f"corpus: {run_config.corpus}, {sizes} pairs ({time.monotonic() - started:.1f} s)")
-
-    started = time.monotonic()
-    tokenizer = prepare_tokenizer(run_config, splits["train"], model_dir, resuming)
-    print_fn(
-        f"tokenizer: {run_config.tokenizer_model_type}, {tokenizer.vocab_size} pieces "
-        f"({time.monotonic() - started:.1f} s)"
+    batching = dict(
+        max_length=config.max_length,
+        tokens_per_batch=run_config.tokens_per_batch,
+        bucket_boundaries=evenly_spaced_boundaries(run_config.bucket_width, config.max_length),
     )
-    config = run_config.model_config(tokenizer.vocab_size)
-    with open(os.path.join(model_dir, model_directory.CONFIG_FILE), "w", encoding="utf-8") as file:
-        file.write(run_config.to_toml(config))
+    train, train_stats = make_dataset(
+        splits["train"], tokenizer, seed=run_config.seed, repeat=bool(run_config.steps_per_epoch), **batching
+    )
+    validation = None
+    if splits.get("validation"):
+        validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
+    return Datasets(train=train, validation=validation, train_stats=train_stats)
 
-    train_data, validation_data, train_stats = _datasets(run_config, config, splits, tokenizer)
+
+def build_and_compile(run_config, config):
+    """The model of `config`, compiled with the run's `[training]` recipe."""
+    model = build_transformer(config)
+    compile_transformer(
+        model,
+        run_config.training_config(),
+        jit_compile=run_config.jit_compile,
+        steps_per_execution=run_config.steps_per_execution,
+    )
+    return model
+
+
+def fit(model, run_config, datasets, callbacks, replicas):
+    """`model.fit` over the datasets; returns `(history, seconds, optimizer steps)`."""
+    train, validation = datasets.train, datasets.validation
+    if replicas > 1 and keras.backend.backend() == "jax":
+        # JAX shards each batch evenly; token-budget batches vary in size.
+        train = distribute.pad_batches_for_replicas(train, replicas)
+        if validation is not None:
+            validation = distribute.pad_batches_for_replicas(validation, replicas)
     counter = _StepCounter()
-    callbacks = default_callbacks(
-        model_dir,
-        keep_checkpoints=run_config.keep_checkpoints,
-        validation_pairs=splits.get("validation") or None,
-        tokenizer=tokenizer,
-        bleu_every_epochs=run_config.bleu_every_epochs,
-        bleu_samples=run_config.bleu_samples,
-        sample_translations=run_config.sample_translations,
-        max_train_seconds=run_config.max_train_seconds or None,
-        jit_compile=run_config.jit_compile is not False,
+    started = time.monotonic()
+    history = model.fit(
+        train,
+        validation_data=validation,
+        epochs=run_config.epochs,
+        steps_per_epoch=run_config.steps_per_epoch or None,
+        callbacks=callbacks + [counter],  # after BackupAndRestore: counts from the restored step
+        verbose=run_config.verbose,
+        shuffle=False,  # the dataset shuffles itself, seeded (True would only warn)
     )
-    # Build, compile and fit in the scope: tf.distribute places variables as they are
-    # made, and keras.distribution (JAX) is set for the scope's duration only.
-    with distribution_scope(run_config.strategy, config) as replicas:
-        if replicas > 1 and keras.backend.backend() == "jax":
-            # JAX shards each batch evenly; token-budget batches vary in size.
-            from keras_transformer.distribute import pad_batches_for_replicas
+    return history, time.monotonic() - started, counter.steps
 
-            train_data = pad_batches_for_replicas(train_data, replicas)
-            if validation_data is not None:
-                validation_data = pad_batches_for_replicas(validation_data, replicas)
-        model = build_transformer(config)
-        compile_transformer(
-            model,
-            config,
-            jit_compile=run_config.jit_compile,
-            steps_per_execution=run_config.steps_per_execution,
-        )
-        tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(train_stats.num_batches, 1)
-        _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step)
-        started = time.monotonic()
-        history = model.fit(
-            train_data,
-            validation_data=validation_data,
-            epochs=run_config.epochs,
-            steps_per_epoch=run_config.steps_per_epoch or None,
-            callbacks=callbacks + [counter],  # after BackupAndRestore: counts from the restored step
-            verbose=run_config.verbose,
-            shuffle=False,  # the dataset shuffles itself, seeded
-        )
-    train_seconds = time.monotonic() - started
-    tokens_per_second = counter.steps * tokens_per_step / train_seconds if train_seconds else float("nan")
-    stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
 
-    # Renamed into place: a crash while saving leaves an earlier model.keras whole. After
-    # a NaN stop the weights are the newest (finite) checkpoint's, never the NaN ones.
+def save_outputs(model, model_dir, print_fn=print):
+    """Writes `model.keras` (renamed into place; never NaN weights) and the curves PNG."""
     saved, restored_from = save_final_model(
         model,
         os.path.join(model_dir, model_directory.MODEL_FILE),
@@ -252,50 +311,12 @@ def run_training(run_config, *, print_fn=print):
     if os.path.isfile(csv_path) and os.path.getsize(csv_path):
         plot_training_curves(csv_path, os.path.join(model_dir, model_directory.CURVES_FILE))
     print_fn(
-        f"trained {counter.steps} steps in {train_seconds:.0f} s "
-        f"({counter.steps / max(train_seconds, 1e-9):.2f} steps/s, ~{tokens_per_second:,.0f} "
-        "target tokens/s)" + ("; stopped by the time budget" if stopped else "")
-    )
-    print_fn(
         f"saved {model_directory.MODEL_FILE}, {model_directory.TOKENIZER_FILE}, "
         f"{model_directory.CONFIG_FILE} and logs in {model_dir}"
     )
-    return TrainingResult(
-        model_dir=model_dir,
-        model=model,
-        tokenizer=tokenizer,
-        splits=splits,
-        history=history,
-        train_seconds=train_seconds,
-        steps=counter.steps,
-        target_tokens_per_second=tokens_per_second,
-        stopped_by_time_budget=stopped,
-        steps_per_epoch=run_config.steps_per_epoch or train_stats.num_batches,
-    )
 
 
-def train(run_config, *, print_fn=print):
-    """Runs the training described by `run_config` and returns its model directory.
-
-    See `run_training` for what is written; this is the same, returning only the path.
-
-    Example:
-    >>> model_dir = train(RunConfig.from_toml("training/configs/demo.toml"))
-    >>> model_dir
-    'saved_models/demo'
-    """
-    return run_training(run_config, print_fn=print_fn).model_dir
-
-
-def write_metrics(model_dir, metrics):
-    """Writes `metrics` (a dict of numbers) as `model_dir/metrics.json`; returns the path."""
-    path = os.path.join(os.fspath(model_dir), model_directory.METRICS_FILE)
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(metrics, file, indent=2, sort_keys=True)
-        file.write("\n")
-    return path
-
-
+# --------------------------------------------------------------------- internals
 class _StepCounter(keras.callbacks.Callback):
     """Optimizer steps taken by this `fit`, counted from the (possibly restored) start."""
 
@@ -314,48 +335,60 @@ class _StepCounter(keras.callbacks.Callback):
         self.steps = self._iterations() - self._start
 
 
-def _datasets(run_config, config, splits, tokenizer):
-    """Training and validation batches (token budget, padded to buckets); train stats."""
-    from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
+def _read_split(run_config, name):
+    from keras_transformer.data import readers
 
-    boundaries = evenly_spaced_boundaries(run_config.bucket_width, config.max_length)
-    train_data, train_stats = make_dataset(
-        splits["train"],
-        tokenizer,
-        max_length=config.max_length,
-        tokens_per_batch=config.tokens_per_batch,
-        bucket_boundaries=boundaries,
-        seed=run_config.seed,
-        repeat=bool(run_config.steps_per_epoch),
-    )
-    validation_data = None
-    if splits.get("validation"):
-        validation_data, _ = make_dataset(
-            splits["validation"],
-            tokenizer,
-            max_length=config.max_length,
-            tokens_per_batch=config.tokens_per_batch,
-            bucket_boundaries=boundaries,
-            shuffle=False,
+    if run_config.corpus == "files":
+        stem = os.path.join(run_config.data_dir, name)
+        pairs, _ = readers.read_parallel_files(
+            f"{stem}.{run_config.source_lang}", f"{stem}.{run_config.target_lang}"
         )
-    return train_data, validation_data, train_stats
+    elif run_config.corpus == "tsv":
+        path = os.path.join(run_config.data_dir, name)
+        pairs, _ = readers.read_tsv(path if path.endswith(".tsv") else f"{path}.tsv")
+    else:
+        pairs, _ = readers.load_tfds(
+            run_config.tfds_name,
+            split=name,
+            source_lang=run_config.source_lang,
+            target_lang=run_config.target_lang,
+            data_dir=run_config.data_dir or None,
+        )
+    return pairs
+
+
+def _timed(print_fn, what, make):
+    started = time.monotonic()
+    value = make()
+    if isinstance(value, dict):
+        detail = ", ".join(f"{len(pairs)} {split}" for split, pairs in value.items()) + " pairs"
+    else:
+        detail = f"{value.vocab_size} pieces"
+    print_fn(f"{what}: {detail} ({time.monotonic() - started:.1f} s)")
+    return value
+
+
+def _write_text(path, text):
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step):
     steps_per_epoch = run_config.steps_per_epoch or train_stats.num_batches
+    training = run_config.training_config()
     print_fn(
         f"model: {model.count_params():,} parameters (d_model {config.d_model}, "
         f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, {config.num_heads} "
         f"heads, d_ff {config.d_ff}, dropout {config.dropout}) on {replicas} replica(s)"
     )
     print_fn(
-        f"batches: <= {config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
+        f"batches: <= {run_config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
         f"real target tokens per batch; {steps_per_epoch} steps per epoch; {train_stats}"
     )
     budget = f", at most {run_config.max_train_seconds:g} s" if run_config.max_train_seconds else ""
     print_fn(
         f"training: up to {run_config.epochs} epochs{budget}; peak learning rate "
-        f"{_peak_learning_rate(config):.2e} at step {config.warmup_steps}"
+        f"{make_schedule(config.d_model, training).peak_learning_rate:.2e} at step {training.warmup_steps}"
     )
 
 
@@ -366,10 +399,14 @@ def _target_tokens(tokenizer, pairs, sample_size=100_000):
     return tokens * len(pairs) / max(len(sample), 1)
 
 
-def _peak_learning_rate(config):
-    from keras_transformer.train.compile import make_schedule
-
-    return make_schedule(config).peak_learning_rate
-
-
-__all__ = ["TrainingResult", "run_training", "train", "load_corpus", "write_metrics", "distribution_scope"]
+__all__ = [
+    "TrainingResult",
+    "run_training",
+    "prepare_model_directory",
+    "load_corpus",
+    "prepare_tokenizer",
+    "make_datasets",
+    "build_and_compile",
+    "fit",
+    "save_outputs",
+]

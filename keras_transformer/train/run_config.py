@@ -1,50 +1,58 @@
 """`RunConfig`: everything a training run needs besides the model, read from TOML.
 
 A run is a model (a `TransformerConfig` preset plus overrides, in the `[model]` table),
-a corpus, a tokenizer, and how long and where to train. Configs live in
+a training recipe (`TrainingConfig` fields in the `[training]` table), a corpus, a
+tokenizer, batching, and how long and where to train. Configs live in
 `training/configs/*.toml` and are read with the standard library's `tomllib`; the
-command line changes single values with `--set key=value` (`--set model.d_model=256`),
+command line changes single values with `--set key=value` (`--set model.d_model=256`,
+`--set training.warmup_steps=400`),
 each parsed by the type of the field it sets. An unknown key is an error naming it, so
 a typo never silently trains the default.
 """
 
 import dataclasses
 import json
-import math
 import os
 import tomllib
 import types
 import typing
+import warnings
 
-from keras_transformer.model.config import TransformerConfig, check_type
+from keras_transformer import checks
+from keras_transformer.data.tokenizer import MODEL_TYPES as TOKENIZER_MODEL_TYPES
+from keras_transformer.inference.decoding import DECODE_METHODS
+from keras_transformer.model.config import LEGACY_FIELDS, TransformerConfig
+from keras_transformer.train.compile import JIT_COMPILE_VALUES
+from keras_transformer.train.config import TrainingConfig
 
 CORPORA = ("demo", "files", "tsv", "tfds")
-TOKENIZER_MODEL_TYPES = ("unigram", "bpe")
-DECODE_METHODS = ("beam", "greedy")
-_JIT_COMPILE_VALUES = ("auto", True, False)
+# The sub-configs of a run: TOML table name -> the dataclass its keys are fields of.
+_TABLES = {"model": TransformerConfig, "training": TrainingConfig}
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One training run: model, data, tokenizer, budget and outputs.
+    """One training run: model, recipe, data, tokenizer, budget and outputs.
 
     Frozen: make variants with `replace(**changes)` or `with_overrides(["key=value"])`.
-    Validated on construction (and the model config is built once, so a bad `[model]`
-    value fails here, not after the corpus is read); a bad value raises `ValueError`
-    naming the field. Zero means "no limit" for `max_train_seconds`, `steps_per_epoch`
-    and `max_train_pairs`, because TOML has no null.
+    Validated on construction (the model and training configs are built once, so a bad
+    `[model]` or `[training]` value fails here, not after the corpus is read); a bad
+    value raises `ValueError` naming the field. Zero means "no limit" for
+    `max_train_seconds`, `steps_per_epoch` and `max_train_pairs`, because TOML has no null.
 
     Example:
     >>> config = RunConfig.from_toml("training/configs/demo.toml", ["epochs=2"])
-    >>> config.model_config().d_model
-    128
+    >>> config.model_config().d_model, config.training_config().warmup_steps
+    (128, 300)
     """
 
     name: str = "run"  # the model directory is output_dir/name
 
-    # Model: a preset of keras_transformer.config.PRESETS plus overrides ([model] table).
+    # Model: a preset of keras_transformer.model.PRESETS plus overrides ([model] table).
     preset: str = "tiny"
     model: dict = dataclasses.field(default_factory=dict, hash=False)
+    # Optimizer, schedule and loss: TrainingConfig fields ([training] table).
+    training: dict = dataclasses.field(default_factory=dict, hash=False)
 
     # Data. corpus "demo": the built-in generated corpus; "files": data_dir/{split}.{lang};
     # "tsv": data_dir/{split}.tsv (source, target columns); "tfds": tfds_name splits.
@@ -59,6 +67,10 @@ class RunConfig:
     demo_num_train: int = 50_000
     demo_seed: int = 0
     max_train_pairs: int = 0  # keep the first N training pairs; 0 keeps all
+    # Padded tokens per batch and side. The paper's ~25k (5.1) is a GPU's batch: on a
+    # CPU a 25k-token base-model step takes tens of seconds and ~10 GB, so the default
+    # fits a laptop; base.toml and big.toml set the paper's value.
+    tokens_per_batch: int = 4096
     # Padded lengths of the length buckets: 0 gives the default boundaries (multiples of 8
     # growing ~1.5x); N > 0 gives N, 2N, 3N, ... up to max_length: less padding, more
     # batch shapes (each one an XLA compilation when jit_compile is on).
@@ -82,54 +94,39 @@ class RunConfig:
 
     # Outputs and callbacks.
     output_dir: str = "saved_models"
+    # A model directory that holds a finished run is refused unless this is true; then
+    # the earlier run's files are removed first. An interrupted run (backup/) resumes.
+    overwrite: bool = False
     keep_checkpoints: int = 5  # the paper averages the last 5 checkpoints (6.1)
     bleu_every_epochs: int = 1  # 0 disables the validation BLEU callback
     bleu_samples: int = 200
     sample_translations: int = 3  # sentences printed every bleu_every_epochs; 0: none
 
-    # Evaluation after training (training.demo, training.evaluate).
+    # Evaluation after training (kt-demo, kt-evaluate).
     eval_decode: str = "beam"
     eval_batch_size: int = 128
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name == "jit_compile":
-                if value not in _JIT_COMPILE_VALUES or not isinstance(value, (str, bool)):
-                    raise ValueError(
-                        f'`jit_compile` must be "auto", true or false. Received: jit_compile={value!r}'
-                    )
-                continue
-            check_type(field.name, value, field.type)
+            if field.name != "jit_compile":
+                checks.check_type(field.name, getattr(self, field.name), field.type)
+        checks.check_choice("jit_compile", self.jit_compile, JIT_COMPILE_VALUES)
         object.__setattr__(self, "model", dict(self.model))
-        for name, choices in (
-            ("corpus", CORPORA),
-            ("tokenizer_model_type", TOKENIZER_MODEL_TYPES),
-            ("eval_decode", DECODE_METHODS),
-        ):
-            if getattr(self, name) not in choices:
-                raise ValueError(
-                    f"`{name}` must be one of {choices}. Received: {name}={getattr(self, name)!r}"
-                )
-        for name in ("epochs", "vocab_size", "steps_per_execution", "bleu_samples", "eval_batch_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"`{name}` must be > 0. Received: {name}={getattr(self, name)!r}")
-        for name in (
-            "max_train_seconds",
-            "steps_per_epoch",
-            "keep_checkpoints",
-            "bleu_every_epochs",
-            "sample_translations",
-            "max_train_pairs",
-            "bucket_width",
-            "tokenizer_max_sentences",
-            "demo_num_train",
-        ):
-            value = getattr(self, name)
-            if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
-                raise ValueError(f"`{name}` must be >= 0. Received: {name}={value!r}")
-        if not self.name or os.sep in self.name:
-            raise ValueError(f"`name` must be a non-empty directory name. Received: name={self.name!r}")
+        object.__setattr__(self, "training", dict(self.training))
+        checks.check_choice("corpus", self.corpus, CORPORA)
+        checks.check_choice("tokenizer_model_type", self.tokenizer_model_type, TOKENIZER_MODEL_TYPES)
+        checks.check_choice("eval_decode", self.eval_decode, DECODE_METHODS)
+        checks.check_choice("verbose", self.verbose, (0, 1, 2))
+        for name in ("epochs", "vocab_size", "steps_per_execution", "bleu_samples",
+                     "eval_batch_size", "tokens_per_batch"):
+            checks.check_positive_int(name, getattr(self, name))
+        for name in ("steps_per_epoch", "keep_checkpoints", "bleu_every_epochs",
+                     "sample_translations", "max_train_pairs", "bucket_width",
+                     "tokenizer_max_sentences", "demo_num_train"):
+            checks.check_non_negative_int(name, getattr(self, name))
+        checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
+        if not self.name or self.name in (".", "..") or "/" in self.name or os.sep in self.name:
+            raise ValueError(f"`name` must be a plain directory name. Received: name={self.name!r}")
         if self.corpus in ("files", "tsv") and not self.data_dir:
             raise ValueError(f"`data_dir` is required when corpus={self.corpus!r}. Received: data_dir=''")
         if self.corpus == "tfds" and not self.tfds_name:
@@ -140,6 +137,7 @@ class RunConfig:
                 f"not in [model]. Received: model.vocab_size={self.model['vocab_size']!r}"
             )
         self.model_config()  # validates the preset and the [model] overrides now
+        self.training_config()  # and the [training] table
 
     # -------------------------------------------------------------- derived
     @property
@@ -153,55 +151,68 @@ class RunConfig:
         Args:
             vocab_size: int, the trained tokenizer's size; defaults to `self.vocab_size`.
         """
-        return TransformerConfig.from_preset(
-            self.preset, **self.model, vocab_size=vocab_size or self.vocab_size
-        )
+        try:
+            return TransformerConfig.from_preset(
+                self.preset, **self.model, vocab_size=vocab_size or self.vocab_size
+            )
+        except ValueError as error:
+            raise ValueError(f"[model]: {error}") from None
+
+    def training_config(self):
+        """The `TrainingConfig` of the run: the paper's recipe with `[training]` overrides."""
+        try:
+            return TrainingConfig.from_dict(self.training)
+        except ValueError as error:
+            raise ValueError(f"[training]: {error}") from None
 
     # ---------------------------------------------------------------- reading
     def replace(self, **changes):
         """A copy with `changes` applied and validated; unknown names raise `ValueError`."""
-        _check_known(changes)
+        checks.check_known_keys("run config key", changes, RunConfig)
         return dataclasses.replace(self, **changes)
 
     def with_overrides(self, assignments):
-        """A copy with `["key=value", "model.d_model=256", ...]` applied.
+        """A copy with `["key=value", "model.d_model=256", "training.warmup_steps=400"]` applied.
 
         Each value is parsed by the type of the field it sets: ints, floats, booleans
         (`true` / `false`), strings as written. `model.<field>` sets a `TransformerConfig`
-        field in the `[model]` table.
+        field in the `[model]` table, `training.<field>` a `TrainingConfig` field.
         """
         changes = {}
-        model = dict(self.model)
+        tables = {name: dict(getattr(self, name)) for name in _TABLES}
         for assignment in assignments:
             if "=" not in assignment:
                 raise ValueError(f"An override must look like key=value. Received: {assignment!r}")
             key, text = (part.strip() for part in assignment.split("=", 1))
-            if key.startswith("model."):
-                field = key[len("model."):]
-                types_by_name = {f.name: f.type for f in dataclasses.fields(TransformerConfig)}
+            table, _, field = key.rpartition(".")
+            if table:
+                if table not in _TABLES:
+                    raise ValueError(f"Unknown table in {key!r}. Expected one of {sorted(_TABLES)}.")
+                types_by_name = _field_types(_TABLES[table])
                 if field not in types_by_name:
                     raise ValueError(
-                        f"Unknown key {key!r}: {field!r} is not a TransformerConfig field. "
+                        f"Unknown key {key!r}: {field!r} is not a {_TABLES[table].__name__} field. "
                         f"Expected one of: {sorted(types_by_name)}"
                     )
-                model[field] = parse_value(key, text, types_by_name[field])
+                tables[table][field] = parse_value(key, text, types_by_name[field])
             else:
-                _check_known({key: None})
-                field_type = {f.name: f.type for f in dataclasses.fields(RunConfig)}[key]
-                if key == "model":
-                    raise ValueError("Set model fields one by one: --set model.<field>=<value>.")
-                changes[key] = parse_value(key, text, field_type)
-        return self.replace(**changes, model=model)
+                if key in _TABLES:
+                    raise ValueError(f"Set {key} fields one by one: --set {key}.<field>=<value>.")
+                checks.check_known_keys("run config key", {key: None}, RunConfig)
+                changes[key] = parse_value(key, text, _field_types(RunConfig)[key])
+        return self.replace(**changes, **tables)
 
     @classmethod
     def from_dict(cls, values):
         """Builds a config from a dict (TOML's), refusing unknown keys with `ValueError`."""
         if not isinstance(values, dict):
             raise ValueError(f"Expected a table of run settings. Received: {type(values).__name__}")
-        _check_known(values)
         values = dict(values)
-        if "model" in values and not isinstance(values["model"], dict):
-            raise ValueError(f"`model` must be a table. Received: model={values['model']!r}")
+        for table in _TABLES:
+            if table in values and not isinstance(values[table], dict):
+                raise ValueError(f"`{table}` must be a table. Received: {table}={values[table]!r}")
+        _move_legacy_model_keys(values)
+        checks.check_known_keys("run config key", values, RunConfig)
         return cls(**values)
 
     @classmethod
@@ -226,19 +237,55 @@ class RunConfig:
         """The run as TOML text that `from_toml` reads back to an equal config.
 
         With `model_config`, the `[model]` table holds every field of that resolved
-        `TransformerConfig` (bar `vocab_size`, which is the top-level one), so the file
-        says exactly what was trained even if presets change later.
+        `TransformerConfig` (bar `vocab_size`, which is the top-level one), and the
+        `[training]` table every field of the resolved `TrainingConfig`, so the file
+        says exactly what was trained even if presets or defaults change later.
         """
         values = self.to_dict()
-        model = dict(values.pop("model"))
+        tables = {name: dict(values.pop(name)) for name in _TABLES}
         if model_config is not None:
-            model = {k: v for k, v in model_config.to_dict().items() if k != "vocab_size"}
+            tables["model"] = {k: v for k, v in model_config.to_dict().items() if k != "vocab_size"}
+            tables["training"] = self.training_config().to_dict()
             values["vocab_size"] = model_config.vocab_size
         lines = [f"{key} = {_toml_value(value)}" for key, value in values.items()]
-        lines += ["", "[model]"]
-        # TOML has no null: None (clipnorm, dtype_policy) is the default, so it is omitted.
-        lines += [f"{k} = {_toml_value(v)}" for k, v in model.items() if v is not None]
+        for name, table in tables.items():
+            lines += ["", f"[{name}]"]
+            # TOML has no null: None (clipnorm, dtype_policy) is the default, so it is omitted.
+            lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
         return "\n".join(lines) + "\n"
+
+
+def _field_types(cls):
+    return {field.name: field.type for field in dataclasses.fields(cls)}
+
+
+def _move_legacy_model_keys(values):
+    """Reads a 0.1 run config, whose [model] table also held training and decoding keys.
+
+    Training keys move to [training], `tokens_per_batch` to the top level; decoding keys
+    (`beam_size`, `length_penalty`, `max_decode_extra`) are dropped: they are the
+    Translator's arguments now. A `UserWarning` names what moved.
+    """
+    model = dict(values.get("model", {}))
+    legacy = sorted(set(model) & LEGACY_FIELDS)
+    if not legacy:
+        return
+    training = dict(values.get("training", {}))
+    training_fields = _field_types(TrainingConfig)
+    for key in legacy:
+        value = model.pop(key)
+        if key in training_fields:
+            training.setdefault(key, value)
+        elif key == "tokens_per_batch":
+            values.setdefault("tokens_per_batch", value)
+    values["model"], values["training"] = model, training
+    warnings.warn(
+        f"[model] holds {legacy}, which are not architecture settings (a 0.1 run config): "
+        "training keys were read as [training], tokens_per_batch as a top-level key, and "
+        "decoding keys were dropped (they are Translator arguments). Move them to silence this.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def parse_value(key, text, field_type):
@@ -282,15 +329,6 @@ def parse_value(key, text, field_type):
             return text[1:-1]
         return text
     raise ValueError(f"`{key}` cannot be set from the command line (type {field_type}).")
-
-
-def _check_known(values):
-    known = {field.name for field in dataclasses.fields(RunConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(
-            f"Unknown run config key(s): {unknown}. Expected some of: {sorted(known)}"
-        )
 
 
 def _toml_value(value):

@@ -1,9 +1,9 @@
 """The warmup-then-inverse-square-root learning rate of Vaswani et al. (2017), eq. 3."""
 
-import numbers
-
 import keras
 from keras import ops
+
+from keras_transformer import checks
 
 # Vaswani et al. (2017), section 5.3: "We used warmup_steps = 4000."
 WARMUP_STEPS = 4000
@@ -38,16 +38,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model, warmup_steps=WARMUP_STEPS, scale=1.0):
-        _check_positive_integer("d_model", d_model)
-        _check_positive_integer("warmup_steps", warmup_steps)
-        if (
-            not isinstance(scale, numbers.Real)
-            or isinstance(scale, bool)
-            or not scale > 0
-        ):
-            raise ValueError(
-                f"`scale` must be a positive number. Received: scale={scale!r}"
-            )
+        checks.check_positive_int("d_model", d_model)
+        checks.check_positive_int("warmup_steps", warmup_steps)
+        checks.check_positive_number("scale", scale)
         # Plain Python numbers, so that get_config is JSON-serializable.
         self.d_model = int(d_model)
         self.warmup_steps = int(warmup_steps)
@@ -72,14 +65,3 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "warmup_steps": self.warmup_steps,
             "scale": self.scale,
         }
-
-
-def _check_positive_integer(name, value):
-    if (
-        not isinstance(value, numbers.Integral)
-        or isinstance(value, bool)
-        or value <= 0
-    ):
-        raise ValueError(
-            f"`{name}` must be a positive integer. Received: {name}={value!r}"
-        )

@@ -1,0 +1,65 @@
+"""`TrainingConfig`: the optimizer, learning-rate schedule and loss of the paper's recipe.
+
+Kept apart from the model's `TransformerConfig` (as flax's WMT example keeps its model
+config apart from its training settings): a saved model carries only its architecture,
+and one model can be trained under several recipes. Defaults are the paper's
+(Vaswani et al., 2017, section 5), each with the section that gives it.
+"""
+
+import dataclasses
+import typing
+
+from keras_transformer import checks
+from keras_transformer.train.losses import LABEL_SMOOTHING
+from keras_transformer.train.schedules import WARMUP_STEPS
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """How a Transformer is optimized: Adam, the warmup schedule, label smoothing.
+
+    Frozen and validated like `TransformerConfig`: variants with `replace(**changes)`;
+    a bad value raises `ValueError` naming the field and the value. Batching (tokens per
+    batch) belongs to the data pipeline and the run config, not here.
+
+    Example:
+    >>> TrainingConfig().replace(warmup_steps=400).warmup_steps
+    400
+    """
+
+    label_smoothing: float = LABEL_SMOOTHING  # epsilon_ls = 0.1 (5.4)
+    warmup_steps: int = WARMUP_STEPS  # 4000 (5.3)
+    learning_rate_scale: float = 1.0  # multiplies the schedule; 1.0 is the paper's formula
+    adam_beta_1: float = 0.9  # (5.3)
+    adam_beta_2: float = 0.98  # (5.3)
+    adam_epsilon: float = 1e-9  # (5.3)
+    clipnorm: typing.Optional[float] = None  # not in the paper; None disables clipping
+
+    def __post_init__(self):
+        checks.check_dataclass_fields(self)
+        checks.check_positive_int("warmup_steps", self.warmup_steps)
+        for name in ("label_smoothing", "adam_beta_1", "adam_beta_2"):
+            checks.check_rate(name, getattr(self, name))
+        for name in ("learning_rate_scale", "adam_epsilon"):
+            checks.check_positive_number(name, getattr(self, name))
+        if self.clipnorm is not None:
+            checks.check_positive_number("clipnorm", self.clipnorm)
+
+    def replace(self, **changes):
+        """A copy with `changes` applied and validated; unknown names raise `ValueError`."""
+        checks.check_known_keys("TrainingConfig field", changes, TrainingConfig)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        """Builds a config from a dict (a TOML table), refusing unknown keys."""
+        if not isinstance(values, dict):
+            raise ValueError(f"Expected a table of training settings. Received: {type(values).__name__}")
+        checks.check_known_keys("TrainingConfig field", values, TrainingConfig)
+        return cls(**values)
+
+
+__all__ = ["TrainingConfig"]
