@@ -31,8 +31,11 @@ def atomic_path(target):
         target: str or path-like, the file to (re)write.
 
     Example:
-    >>> with atomic_path("runs/demo/model.keras") as temporary:
-    ...     model.save(temporary)
+
+    ```python
+    with atomic_path("runs/demo/model.keras") as temporary:
+        model.save(temporary)
+    ```
     """
     target = os.fspath(target)
     directory, name = os.path.split(os.path.abspath(target))
@@ -54,8 +57,11 @@ def save_model_atomically(model, path, **kwargs):
     """`model.save(path, **kwargs)` through `atomic_path`; returns `path`.
 
     Example:
-    >>> save_model_atomically(model, "runs/demo/model.keras")
-    'runs/demo/model.keras'
+
+    ```python
+    save_model_atomically(model, "runs/demo/model.keras")
+    # 'runs/demo/model.keras'
+    ```
     """
     with atomic_path(path) as temporary:
         model.save(temporary, **kwargs)
@@ -66,8 +72,11 @@ def save_weights_atomically(model, path):
     """`model.save_weights(path)` through `atomic_path`; returns `path`.
 
     Example:
-    >>> save_weights_atomically(model, "runs/demo/checkpoints/epoch_003.weights.h5")
-    'runs/demo/checkpoints/epoch_003.weights.h5'
+
+    ```python
+    save_weights_atomically(model, "runs/demo/checkpoints/epoch_003.weights.h5")
+    # 'runs/demo/checkpoints/epoch_003.weights.h5'
+    ```
     """
     with atomic_path(path) as temporary:
         model.save_weights(temporary)
@@ -78,8 +87,11 @@ def write_bytes_atomically(path, data):
     """Writes `data` (bytes) to `path` through `atomic_path`; returns `path`.
 
     Example:
-    >>> write_bytes_atomically("runs/demo/tokenizer.model", tokenizer.model_proto)
-    'runs/demo/tokenizer.model'
+
+    ```python
+    write_bytes_atomically("runs/demo/tokenizer.model", tokenizer.model_proto)
+    # 'runs/demo/tokenizer.model'
+    ```
     """
     with atomic_path(path) as temporary:
         with open(temporary, "wb") as file:

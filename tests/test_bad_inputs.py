@@ -1,6 +1,6 @@
 """The catalogue of bad inputs: one case per row, each with its expected outcome.
 
-docs/errors_and_limits.md (the README's "Errors and limits") lists the same rows, and
+docs/errors_and_limits.md lists the same rows (the README links to it, never copies it), and
 the rows of the sibling files (test_faults, test_properties, test_concurrency,
 test_determinism, test_safe_loading, and the validation tests of each module); the
 last tests here keep that table and the tests in step, both ways.
@@ -363,26 +363,11 @@ def test_characters_outside_the_vocabulary_translate_without_error(greedy_transl
 # ---------------------------------------------------------------- the table stays in step
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "docs", "errors_and_limits.md")
-README_SECTION = "## Errors and limits"
-
-
-def _table_rows(path, section=None):
-    """The catalogue rows (table lines citing a test) of `path`, from `section` on if given."""
-    with open(path, encoding="utf-8") as file:
-        text = file.read()
-    if section is not None:
-        assert section in text, f"{path} has no {section!r} section"
-        text = text[text.index(section):]
-    return [line for line in text.splitlines() if line.startswith("| ") and "`tests/" in line]
 
 
 def _table_test_ids():
     with open(TABLE, encoding="utf-8") as file:
         return re.findall(r"`(tests/test_\w+\.py::test_\w+(?:\[[^\]`]+\])?)`", file.read())
-
-
-def test_readme_errors_and_limits_table_matches_the_docs_row_for_row():
-    assert _table_rows(os.path.join(ROOT, "README.md"), README_SECTION) == _table_rows(TABLE)
 
 
 def test_errors_and_limits_table_names_only_existing_tests():

@@ -80,12 +80,15 @@ def test_training_table_and_model_table_hold_their_own_fields(toml_path, tmp_pat
     config = RunConfig.from_toml(path)
     assert (config.training_config().warmup_steps, config.training_config().label_smoothing) == (400, 0.2)
     assert "warmup_steps" not in config.model_config().to_dict()
-    with pytest.raises(ValueError, match=r"Unknown TrainingConfig field\(s\): \['d_model'\]"):
+    with pytest.raises(ValueError, match="Unknown key 'training.d_model': 'd_model' is not a TrainingConfig field"):
         RunConfig.from_toml(path, ["training.d_model=3"])
+    path.write_text(TOML + "\n[training]\nd_model = 3\n")
+    with pytest.raises(ValueError, match=r"recipe.toml: \[training\]: Unknown TrainingConfig field\(s\): \['d_model'\]"):
+        RunConfig.from_toml(path)
     with pytest.raises(ValueError, match=r"\['warmup_steps'\] are not architecture settings"):
         RunConfig(model={"warmup_steps": 4})
     with pytest.raises(ValueError, match="Unknown table in 'optimizer.lr'"):
-        RunConfig.from_toml(path, ["optimizer.lr=3"])
+        RunConfig.from_toml(toml_path, ["optimizer.lr=3"])
 
 
 def test_a_0_1_run_config_with_training_keys_in_model_still_reads(tmp_path):
@@ -177,5 +180,5 @@ def test_bucket_width_gives_evenly_spaced_boundaries():
 
 
 def test_negative_bucket_width_is_refused():
-    with pytest.raises(ValueError, match=r"`bucket_width` must be >= 0. Received: bucket_width=-4"):
+    with pytest.raises(ValueError, match=r"`bucket_width` must be an integer >= 0. Received: bucket_width=-4"):
         RunConfig(bucket_width=-4)

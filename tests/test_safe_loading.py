@@ -96,3 +96,50 @@ def test_model_file_carrying_python_code_is_refused(tmp_path):
     keras.Model(inputs, keras.layers.Lambda(lambda x: x * 2)(inputs)).save(str(tmp_path / MODEL_FILE))
     with pytest.raises(ValueError, match=r"deserialization of a `Lambda` layer .* disallowed by default"):
         Translator(tmp_path)
+
+
+# ------------------------------------------------------ files written by version 0.1
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+OLD_MODEL = os.path.join(FIXTURES, "model_v0_1.keras")  # written by keras-transformer 0.1
+
+
+def test_importing_the_package_registers_every_class_a_saved_model_needs():
+    # A fresh process that only imports the package, then loads a compiled model file
+    # (its loss, metrics and learning-rate schedule are ours too): nothing else imported.
+    import subprocess
+    import sys
+
+    script = (
+        "import keras, keras_transformer\n"
+        f"model = keras.saving.load_model({OLD_MODEL!r}, safe_mode=True)\n"
+        "print(type(model).__name__, type(model.loss).__name__,\n"
+        "      type(model.optimizer._learning_rate).__name__,\n"
+        "      sorted(type(m).__name__ for m in model._compile_metrics._user_metrics))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[:3] == ["Transformer", "LabelSmoothedCrossEntropy", "TransformerSchedule"]
+    assert "MaskedAccuracy" in result.stdout and "Perplexity" in result.stdout
+
+
+def test_a_0_1_model_directory_gives_its_architecture_back(tmp_path):
+    from keras_transformer.model.directory import read_model_config
+
+    (tmp_path / MODEL_FILE).write_bytes(open(OLD_MODEL, "rb").read())
+    config = read_model_config(tmp_path)
+    # The 0.1 file's config also held training and decoding settings; they are dropped.
+    assert config == kt.TransformerConfig.from_preset(
+        "tiny", vocab_size=32, d_model=16, d_ff=32, num_heads=2,
+        num_encoder_layers=1, num_decoder_layers=1, max_length=16,
+    )
+    model = keras.saving.load_model(str(tmp_path / MODEL_FILE), compile=False, safe_mode=True)
+    assert model.config == config
+    with pytest.raises(FileNotFoundError, match="No model.keras in the model directory"):
+        read_model_config(tmp_path / "missing")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / MODEL_FILE).write_text("not a zip")
+    with pytest.raises(ValueError, match="is not a .keras file of a keras_transformer model"):
+        read_model_config(tmp_path / "other")

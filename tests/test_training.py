@@ -211,3 +211,41 @@ def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
     (tmp_path / "other.csv").write_text("epoch,foo\n0,1\n")
     with pytest.raises(ValueError, match=r"none of the columns plotted.*Received columns: \['epoch', 'foo'\]"):
         plot_training_curves(tmp_path / "other.csv", tmp_path / "x.png")
+
+
+# ------------------------------------------------- an existing model directory
+def _finished_run(directory):
+    directory.mkdir(parents=True)
+    for name in ("model.keras", "tokenizer.model", "config.toml", "metrics.json", "training_log.csv"):
+        (directory / name).write_text("earlier run")
+    (directory / "checkpoints").mkdir()
+    (directory / "1").mkdir()  # a TF Serving export of the earlier model
+    (directory / "notes.txt").write_text("the user's own file")
+
+
+def test_a_finished_run_is_refused_and_replaced_only_on_request(tmp_path):
+    from keras_transformer.train.run import prepare_model_directory
+    from keras_transformer.train.run_config import RunConfig
+
+    _finished_run(tmp_path / "demo")
+    config = RunConfig(name="demo", output_dir=str(tmp_path))
+    with pytest.raises(FileExistsError, match=r"already holds a finished run \(1, checkpoints, config.toml"):
+        prepare_model_directory(config)
+    assert (tmp_path / "demo" / "model.keras").read_text() == "earlier run"  # untouched
+
+    lines = []
+    model_dir, resuming = prepare_model_directory(config.replace(overwrite=True), lines.append)
+    assert (model_dir, resuming) == (str(tmp_path / "demo"), False)
+    assert sorted(os.listdir(model_dir)) == ["notes.txt"]  # only the user's own file is left
+    assert "replaced the earlier run's 1, checkpoints" in lines[0] and "kept notes.txt" in lines[0]
+
+
+def test_an_interrupted_run_resumes_and_keeps_its_files(tmp_path):
+    from keras_transformer.train.run import prepare_model_directory
+    from keras_transformer.train.run_config import RunConfig
+
+    _finished_run(tmp_path / "demo")
+    (tmp_path / "demo" / "backup").mkdir()
+    model_dir, resuming = prepare_model_directory(RunConfig(name="demo", output_dir=str(tmp_path)), print)
+    assert resuming
+    assert (tmp_path / "demo" / "model.keras").read_text() == "earlier run"

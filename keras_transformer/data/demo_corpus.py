@@ -253,8 +253,11 @@ def write_demo_corpus(
         dict from split name to `(english_path, german_path)`.
 
     Example:
-        >>> paths = write_demo_corpus("/tmp/demo", num_train=1000)
-        >>> pairs, stats = read_parallel_files(*paths["train"])
+
+        ```python
+        paths = write_demo_corpus("/tmp/demo", num_train=1000)
+        pairs, stats = read_parallel_files(*paths["train"])
+        ```
     """
     corpus = make_demo_corpus(seed=seed, **sizes)
     directory = pathlib.Path(directory)

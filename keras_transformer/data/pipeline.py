@@ -347,7 +347,7 @@ def make_dataset(
 
     Example:
 
-    >>> tokenizer = train_tokenizer(["ein Haus", "a house"] * 10, vocab_size=16)
+    >>> tokenizer = kt.train_tokenizer(["ein Haus", "a house"] * 10, vocab_size=16)
     >>> batches, stats = make_dataset([("ein Haus", "a house")] * 4, tokenizer,
     ...     max_length=16, tokens_per_batch=32)
     >>> inputs, labels = next(iter(batches))
@@ -356,7 +356,7 @@ def make_dataset(
     >>> stats.num_batches
     2
     """
-    if max_length is None or not _is_int(max_length) or max_length < 2:
+    if max_length is None or not checks.is_int(max_length) or max_length < 2:
         raise ValueError(
             "`max_length` must be an integer >= 2 (one token plus EOS). "
             f"Received: max_length={max_length!r}"
@@ -368,7 +368,7 @@ def make_dataset(
     if bucket_boundaries is None:
         bucket_boundaries = default_bucket_boundaries(max_length)
     bucket_boundaries = _checked_boundaries(bucket_boundaries, max_length)
-    if not _is_int(tokens_per_batch) or tokens_per_batch < bucket_boundaries[-1]:
+    if not checks.is_int(tokens_per_batch) or tokens_per_batch < bucket_boundaries[-1]:
         raise ValueError(
             "`tokens_per_batch` must be an integer >= the largest bucket boundary "
             f"({bucket_boundaries[-1]}), so the longest example fits in a batch. "

@@ -150,9 +150,12 @@ def read_parallel_files(
         `ReadStats`.
 
     Example:
-        >>> pairs, stats = read_parallel_files("train.en", "train.de.gz")
-        >>> pairs[0]
-        ('on May 29, 2048', 'am 29. Mai 2048')
+
+        ```python
+        pairs, stats = read_parallel_files("train.en", "train.de.gz")
+        pairs[0]
+        # ('on May 29, 2048', 'am 29. Mai 2048')
+        ```
     """
     source_path, target_path = os.fspath(source_path), os.fspath(target_path)
     stats = ReadStats(paths=(source_path, target_path))
@@ -213,9 +216,12 @@ def read_tsv(
         `ReadStats`.
 
     Example:
-        >>> pairs, stats = read_tsv("train.tsv")  # "on May 29, 2048\\tam 29. Mai 2048"
-        >>> pairs[0]
-        ('on May 29, 2048', 'am 29. Mai 2048')
+
+        ```python
+        pairs, stats = read_tsv("train.tsv")  # "on May 29, 2048\\tam 29. Mai 2048"
+        pairs[0]
+        # ('on May 29, 2048', 'am 29. Mai 2048')
+        ```
     """
     checks.check_non_negative_int("source_column", source_column)
     checks.check_non_negative_int("target_column", target_column)
@@ -290,8 +296,11 @@ def load_tfds(
         `ReadStats` whose `paths` is `("name/split",)`.
 
     Example:
-        >>> pairs, stats = load_tfds("wmt14_translate/de-en", split="test",
-        ...                          source_lang="en", target_lang="de")
+
+        ```python
+        pairs, stats = load_tfds("wmt14_translate/de-en", split="test",
+                                 source_lang="en", target_lang="de")
+        ```
     """
     # Imported here because it is an optional dependency (the `tfds` extra) and
     # slow to import; the file readers above do not need it.

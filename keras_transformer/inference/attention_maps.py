@@ -57,9 +57,12 @@ def attention_maps(model, tokenizer, source, target=None):
         An `AttentionMaps`.
 
     Example:
-    >>> maps = attention_maps(model, tokenizer, "the cat sat", "die Katze saß")
-    >>> maps.cross_attention[0].shape  # [heads, target tokens + BOS, source tokens + EOS]
-    (4, 5, 4)
+
+    ```python
+    maps = attention_maps(model, tokenizer, "the cat sat", "die Katze saß")
+    maps.cross_attention[0].shape  # [heads, target tokens + BOS, source tokens + EOS]
+    # (4, 5, 4)
+    ```
     """
     for name, value in (("source", source), ("target", target)):
         if value is not None and not isinstance(value, str):
@@ -134,9 +137,12 @@ def plot_attention_maps(maps, png_path, *, dpi=100, cmap="viridis"):
         ValueError: a map's shape does not match the token lists.
 
     Example:
-    >>> maps = attention_maps(model, tokenizer, "the cat sat", "die Katze saß")
-    >>> plot_attention_maps(maps, "attention.png")
-    'attention.png'
+
+    ```python
+    maps = attention_maps(model, tokenizer, "the cat sat", "die Katze saß")
+    plot_attention_maps(maps, "attention.png")
+    # 'attention.png'
+    ```
     """
     tokens = {"source": list(maps.source_tokens), "target": list(maps.target_tokens)}
     axes_tokens = {

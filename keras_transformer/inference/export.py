@@ -147,8 +147,11 @@ def export_saved_model(
         ValueError: bad `name`, `version` or decoding arguments.
 
     Example:
-    >>> export_saved_model("runs/demo/model", name="demo")
-    'saved_models/demo/1'
+
+    ```python
+    export_saved_model("runs/demo/model", name="demo")
+    # 'saved_models/demo/1'
+    ```
     """
     check_tensorflow_backend()
     import tensorflow as tf

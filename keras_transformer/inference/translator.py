@@ -72,9 +72,12 @@ class Translator:
             `tokenizer.model`.
 
     Example:
-    >>> translator = Translator("saved_models/demo")
-    >>> translator.translate(["on May 29, 2048", ""])
-    ['am 29. Mai 2048', '']
+
+    ```python
+    translator = Translator("saved_models/demo")
+    translator.translate(["on May 29, 2048", ""])
+    # ['am 29. Mai 2048', '']
+    ```
     """
 
     def __init__(

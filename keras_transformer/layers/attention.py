@@ -6,7 +6,8 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import masks as masks_lib
-from keras_transformer.checks import check_positive_int, check_rate, clone_initializer
+from keras_transformer.checks import check_positive_int, check_rate
+from keras_transformer.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -56,7 +57,7 @@ class MultiHeadAttention(keras.layers.Layer):
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
     >>> x = keras.random.normal((2, 5, 8))
-    >>> layer(x, x).shape
+    >>> tuple(layer(x, x).shape)
     (2, 5, 8)
 
     References:

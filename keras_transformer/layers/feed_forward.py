@@ -2,7 +2,8 @@
 
 import keras
 
-from keras_transformer.checks import check_positive_int, check_rate, clone_initializer
+from keras_transformer.checks import check_positive_int, check_rate
+from keras_transformer.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -22,7 +23,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     Example:
     >>> ffn = PositionwiseFeedForward(hidden_dim=8, intermediate_dim=32)
-    >>> ffn(keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(ffn(keras.ops.ones((2, 5, 8))).shape)
     (2, 5, 8)
     """
 

@@ -7,21 +7,28 @@ evaluation and the command-line tools:
 ```
 model.keras            the trained model (architecture, weights, optimizer state)
 tokenizer.model        the joint sentencepiece vocabulary
-config.toml            the RunConfig that produced it, model fields resolved
+config.toml            the RunConfig that produced it, [model] and [training] resolved
 training_log.csv       one row per epoch (CSVLogger)
 training_curves.png    loss / accuracy / learning rate / BLEU per epoch
 logs/                  TensorBoard event files
 checkpoints/           epoch_NNN.weights.h5, the last few epochs
 backup/                BackupAndRestore's state while a run is unfinished
-metrics.json           test scores written by the demo and by training.evaluate
+metrics.json           test scores written by kt-demo and kt-evaluate --write-metrics
 ```
 
-`load_model_and_tokenizer(model_dir)` (from `keras_transformer.inference.translator`) reads the
-first two back.
+`load_model_and_tokenizer(model_dir)` reads the first two back, and
+`read_model_config(model_dir)` the model's `TransformerConfig` without its weights;
+`RunConfig.from_toml(os.path.join(model_dir, "config.toml"))` gives the run back.
 """
 
-# Plain names, no imports: the translator (keras only) and the tokenizer (TensorFlow)
-# both read this module. tests/test_callbacks.py checks the tokenizer agrees.
+import json
+import os
+import zipfile
+
+import keras
+
+# The names of a model directory's parts, defined once. tests/test_callbacks.py checks
+# the tokenizer agrees.
 MODEL_FILE = "model.keras"
 TOKENIZER_FILE = "tokenizer.model"
 CONFIG_FILE = "config.toml"

@@ -31,7 +31,10 @@ class LearningRateLogger(keras.callbacks.Callback):
     one. Put it before `CSVLogger` / `TensorBoard` so they record it.
 
     Example:
-    >>> model.fit(batches, callbacks=[LearningRateLogger(), keras.callbacks.CSVLogger("log.csv")])
+
+    ```python
+    model.fit(batches, callbacks=[LearningRateLogger(), keras.callbacks.CSVLogger("log.csv")])
+    ```
     """
 
     def on_epoch_end(self, epoch, logs=None):
@@ -292,7 +295,10 @@ def default_callbacks(
         list of `keras.callbacks.Callback`.
 
     Example:
-    >>> model.fit(batches, epochs=10, callbacks=default_callbacks("saved_models/run"))
+
+    ```python
+    model.fit(batches, epochs=10, callbacks=default_callbacks("saved_models/run"))
+    ```
     """
     model_dir = os.fspath(model_dir)
     os.makedirs(model_dir, exist_ok=True)  # CSVLogger opens its file before any epoch

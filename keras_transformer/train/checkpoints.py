@@ -8,12 +8,13 @@ averaged the last 20 checkpoints." Here checkpoints are the `.weights.h5` files 
 
 import os
 import re
+import shutil
 
 import keras
 import numpy as np
 
 from keras_transformer import checks
-from keras_transformer.atomic import save_model_atomically, save_weights_atomically
+from keras_transformer.atomic import save_model_atomically
 
 # Checkpoint averaging, Vaswani et al. (2017), section 6.1: the last 5 (base), 20 (big).
 CHECKPOINTS_TO_AVERAGE = 5
@@ -110,49 +111,81 @@ def average_checkpoints(model, paths):
     return model
 
 
-def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output=None):
-    """Averages the last `last` checkpoints of a model directory into a new model file.
+def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=None, *, overwrite=False):
+    """Averages the last `last` checkpoints of a model directory into a new model directory.
 
     Loads the architecture from `model_dir/model.keras`, averages the newest `last`
-    files of `model_dir/checkpoints/` into it (`average_checkpoints`), and saves the
-    result to `output`: a whole model if it ends in `.keras`, weights only if it ends
-    in `.weights.h5`. The command `python -m training.average_checkpoints` runs this.
+    files of `model_dir/checkpoints/` into it (`average_checkpoints`), and writes a
+    complete model directory that `Translator`, `kt-translate`, `kt-evaluate` and
+    `kt-export` accept: `model.keras` with the averaged weights (no optimizer state),
+    and copies of `tokenizer.model` and (when there is one) `config.toml`. The directory
+    is filled under a hidden temporary name beside `output_dir` and renamed into place,
+    so a crash leaves no half-written model. `kt-average-checkpoints` runs this.
 
     Args:
         model_dir: str or path-like, a directory written by a training run.
         last: int >= 1, how many checkpoints to average. Default 5 (section 6.1).
-        output: str, where to write; default `model_dir/model_averaged.keras`.
+        output_dir: str or path-like, the directory to write; default
+            `<model_dir>_averaged`, a sibling of `model_dir`.
+        overwrite: bool, replace an existing non-empty `output_dir` instead of raising.
 
     Returns:
-        `(output, paths)`: the written file and the checkpoints averaged.
+        `(output_dir, paths)`: the written directory and the checkpoints averaged.
+
+    Raises:
+        FileNotFoundError: no checkpoints, `model.keras` or `tokenizer.model` in `model_dir`.
+        FileExistsError: `output_dir` exists, is not empty, and `overwrite` is False.
+        ValueError: `output_dir` is `model_dir` itself.
 
     Example:
     >>> average_model_directory("saved_models/base", last=5)
-    ('saved_models/base/model_averaged.keras', [...epoch_016..., ..., ...epoch_020...])
+    ('saved_models/base_averaged', [...epoch_016..., ..., ...epoch_020...])
     """
-    from keras_transformer.model import directory as model_directory  # imports the tokenizer (TensorFlow)
+    # Imported here, so that training (which imports this module) does not load the export code.
+    from keras_transformer.inference.export import write_directory_atomically
+    from keras_transformer.model import directory as model_directory
 
+    checks.check_positive_int("last", last)
+    checks.check_bool("overwrite", overwrite)
     model_dir = os.fspath(model_dir)
-    output = output or os.path.join(model_dir, "model_averaged.keras")
-    if not (output.endswith(".keras") or output.endswith(".weights.h5")):
-        raise ValueError(f"`output` must end in .keras or .weights.h5. Received: output={output!r}")
-    paths = latest_checkpoints(os.path.join(model_dir, model_directory.CHECKPOINT_DIR), last)
+    if output_dir is None:
+        output_dir = os.path.normpath(model_dir) + "_averaged"
+    output_dir = os.fspath(output_dir)
+    if os.path.abspath(output_dir) == os.path.abspath(model_dir):
+        raise ValueError(
+            "`output_dir` must differ from `model_dir`: the averaged model is written beside "
+            f"the trained one, not over it. Received: output_dir={output_dir!r}"
+        )
+    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir} already exists and is not empty; pass overwrite=True "
+            "(--overwrite) to replace it, or choose another output directory."
+        )
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise FileExistsError(f"{output_dir} exists and is not a directory.")
+    checkpoint_dir = os.path.join(model_dir, model_directory.CHECKPOINT_DIR)
+    paths = latest_checkpoints(checkpoint_dir, last) if os.path.isdir(checkpoint_dir) else []
     if not paths:
-        raise FileNotFoundError(
-            f"No checkpoints (*.weights.h5) in {os.path.join(model_dir, model_directory.CHECKPOINT_DIR)}"
-        )
-    model_path = os.path.join(model_dir, model_directory.MODEL_FILE)
-    if not os.path.isfile(model_path):
-        raise FileNotFoundError(
-            f"No {model_directory.MODEL_FILE} in {model_dir} to take the architecture from"
-        )
-    model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
+        raise FileNotFoundError(f"No checkpoints (*.weights.h5) in {checkpoint_dir}")
+    copied = [model_directory.TOKENIZER_FILE, model_directory.CONFIG_FILE]
+    for name in (model_directory.MODEL_FILE, model_directory.TOKENIZER_FILE):
+        if not os.path.isfile(os.path.join(model_dir, name)):
+            raise FileNotFoundError(f"No {name} in the model directory {model_dir}")
+    model = keras.saving.load_model(
+        os.path.join(model_dir, model_directory.MODEL_FILE), compile=False, safe_mode=True
+    )
     average_checkpoints(model, paths)
-    if output.endswith(".keras"):
-        save_model_atomically(model, output)
-    else:
-        save_weights_atomically(model, output)
-    return output, paths
+
+    def write(directory):
+        os.makedirs(directory)
+        model.save(os.path.join(directory, model_directory.MODEL_FILE))
+        for name in copied:
+            if os.path.isfile(os.path.join(model_dir, name)):  # config.toml is optional
+                shutil.copy2(os.path.join(model_dir, name), os.path.join(directory, name))
+
+    # An empty directory (made by the user beforehand) is replaced without `overwrite`.
+    write_directory_atomically(output_dir, write, overwrite=overwrite or os.path.isdir(output_dir))
+    return output_dir, paths
 
 
 def weights_are_finite(model):

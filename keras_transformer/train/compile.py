@@ -97,7 +97,7 @@ def compile_transformer(model, training_config=None, *, jit_compile="auto", step
     Example:
     >>> model = kt.build_transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=100))
     >>> model = compile_transformer(model, kt.TrainingConfig(warmup_steps=400))
-    >>> model.optimizer.learning_rate.warmup_steps
+    >>> model.optimizer._learning_rate.warmup_steps  # the schedule itself
     400
     """
     config = getattr(model, "config", None)

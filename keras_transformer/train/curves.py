@@ -60,7 +60,10 @@ def plot_training_curves(csv_path, png_path):
         str, `png_path`.
 
     Example:
-    >>> plot_training_curves("saved_models/demo/training_log.csv", "curves.png")
+
+    ```python
+    plot_training_curves("saved_models/demo/training_log.csv", "curves.png")
+    ```
     """
     columns = read_csv_log(csv_path)
     epochs = [int(value) + 1 for value in columns.get("epoch", [])] or list(
