@@ -4,7 +4,7 @@ Decodes one fixed batch of random source sentences (the `small` preset with rand
 seeded weights; 24 source tokens) for exactly L output steps, L in `--lengths`, and
 reports sentences/s and output tokens/s (batch x L / seconds) on each Keras backend:
 
-- ours, compiled as users decode (`compiled.compile_decoder`: XLA on TensorFlow,
+- ours, compiled as users decode (`compiled.CompiledDecoder`: XLA on TensorFlow,
   `jax.jit` on JAX, eager under `no_grad` on PyTorch), with `max_length=L`:
   `greedy` (key/value cache), `greedy_uncached` (reruns the decoder over the whole
   output buffer at every step) and `beam4` (cached, beam 4, length penalty 0.6). Our
@@ -115,13 +115,14 @@ def ours_decoders(model, length, config):
     """
     from keras import ops
 
-    from keras_transformer.inference.compiled import compile_decoder
+    from keras_transformer.inference.compiled import CompiledDecoder
+    from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY
 
     compiled = {
-        "ours_greedy": compile_decoder(model, "greedy", max_length=length),
-        "ours_greedy_uncached": compile_decoder(model, "greedy_uncached", max_length=length),
-        "ours_beam4": compile_decoder(
-            model, "beam", beam_size=config.beam_size, alpha=config.length_penalty, max_length=length
+        "ours_greedy": CompiledDecoder(model, "greedy", max_length=length),
+        "ours_greedy_uncached": CompiledDecoder(model, "greedy_uncached", max_length=length),
+        "ours_beam4": CompiledDecoder(
+            model, "beam", beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=length
         ),
     }
 
@@ -140,10 +141,12 @@ def keras_hub_decoders(generator, length, config):
     import keras_hub
     from keras import ops
 
+    from keras_transformer.inference.decoding import BEAM_SIZE
+
     greedy = keras_hub.samplers.GreedySampler()
     # All beams come back so that the step count can be read from every row; the best
     # one is the output (the sampler sorts them).
-    beam = keras_hub.samplers.BeamSampler(num_beams=config.beam_size, return_all_beams=True)
+    beam = keras_hub.samplers.BeamSampler(num_beams=BEAM_SIZE, return_all_beams=True)
     compiled = {
         "keras_hub_greedy": generator.generate_function(greedy, length),
         "keras_hub_greedy_uncached": generator.generate_function(greedy, length, cached=False),

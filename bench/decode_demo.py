@@ -42,11 +42,12 @@ def run_backend(model_dir, methods, limit, batch_size):
     import keras
 
     from keras_transformer.model import directory as model_directory
-    from keras_transformer.inference.compiled import compile_decoder
+    from keras_transformer.inference.compiled import CompiledDecoder
     from keras_transformer.inference.evaluation import score_translations
     from keras_transformer.train.run import load_corpus
     from keras_transformer.train.run_config import RunConfig
-    from keras_transformer.inference.translator import Translator, load_model_and_tokenizer
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     run_config = RunConfig.from_toml(os.path.join(model_dir, model_directory.CONFIG_FILE))
@@ -58,7 +59,7 @@ def run_backend(model_dir, methods, limit, batch_size):
         translator = Translator(model, tokenizer, beam_size=4 if method == "beam4" else 1, batch_size=batch_size)
         if method == "greedy_uncached":
             # The Translator's batching and padding, with the no-cache decoder inside.
-            translator.decoder = compile_decoder(model, "greedy_uncached")
+            translator.decoder = CompiledDecoder(model, "greedy_uncached")
         started = time.perf_counter()
         translator.translate(sources)  # traces and compiles every batch shape
         warmup = time.perf_counter() - started

@@ -7,8 +7,8 @@
   decoder. It is compiled by the caller exactly as ours is.
 - `TorchTransformer` + `torch_train_step`: plain PyTorch, `torch.nn.Transformer` between
   a tied `nn.Embedding` (scaled by sqrt(d_model), plus sinusoids) and the tied output
-  projection; Adam with the config's betas and epsilon; `cross_entropy` with
-  `label_smoothing` and `ignore_index` = pad.
+  projection; Adam with the `TrainingConfig`'s betas and epsilon; `cross_entropy` with
+  its `label_smoothing` and `ignore_index` = pad.
 - `KerasHubGenerator`: decoding with the keras-hub model's layers the way keras-hub's
   own encoder-decoder (`BartSeq2SeqLM`) generates: `TransformerDecoder` key/value
   caches, a `next(prompt, cache, index)` function, `GreedySampler` / `BeamSampler`,
@@ -77,14 +77,20 @@ def build_keras_hub_transformer(config):
     )
 
 
-def make_torch_peer(config):
+def make_torch_peer(config, training_config=None):
     """Returns `(model, step)`: a `torch.nn.Transformer` model and its training step.
 
     `step(source_ids, decoder_ids, labels)` (int64 torch tensors `[B, S]`, `[B, T]`,
-    `[B, T]`) runs forward, backward and one Adam update and returns the loss.
+    `[B, T]`) runs forward, backward and one Adam update and returns the loss. Adam and
+    label smoothing follow `training_config` (default `TrainingConfig()`, as
+    `compile_transformer` does for ours).
     """
     import torch
     import torch.nn.functional as F
+
+    from keras_transformer.train.config import TrainingConfig
+
+    training = training_config or TrainingConfig()
 
     class TorchTransformer(torch.nn.Module):
         """Tied embeddings + sinusoids + `nn.Transformer` (post-norm) + tied projection."""
@@ -135,8 +141,8 @@ def make_torch_peer(config):
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=1e-4,
-        betas=(config.adam_beta_1, config.adam_beta_2),
-        eps=config.adam_epsilon,
+        betas=(training.adam_beta_1, training.adam_beta_2),
+        eps=training.adam_epsilon,
     )
     model.train()
 
@@ -147,7 +153,7 @@ def make_torch_peer(config):
             logits.reshape(-1, config.vocab_size),
             labels.reshape(-1),
             ignore_index=PAD_ID,
-            label_smoothing=config.label_smoothing,
+            label_smoothing=training.label_smoothing,
         )
         loss.backward()
         optimizer.step()

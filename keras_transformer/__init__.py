@@ -21,14 +21,19 @@ is imported on first use, so that the package stays light on the JAX and PyTorch
 
 import importlib
 
-from keras_transformer import distribute, layers
-from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer
-from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from keras_transformer.train.compile import compile_transformer
-from keras_transformer.train.config import TrainingConfig
-from keras_transformer.train.losses import LabelSmoothedCrossEntropy
-from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
-from keras_transformer.train.schedules import TransformerSchedule
+from keras_transformer.cli import common as _cli_common
+
+if _cli_common.is_command_process():  # a kt-* command: quiet TensorFlow before Keras loads it
+    _cli_common.setup_environment()
+
+from keras_transformer import distribute, layers  # noqa: E402
+from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer  # noqa: E402
+from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
+from keras_transformer.train.compile import compile_transformer  # noqa: E402
+from keras_transformer.train.config import TrainingConfig  # noqa: E402
+from keras_transformer.train.losses import LabelSmoothedCrossEntropy  # noqa: E402
+from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: E402
+from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
 __version__ = "0.2.0"
 

@@ -9,11 +9,12 @@ file or the new one, never a mix, and a crash leaves at most a hidden `.partial`
 (which no checkpoint pattern matches) beside an intact target.
 
 Directories (SavedModel exports) have their own helper,
-`keras_transformer.export.write_directory_atomically`.
+`write_directory_atomically`.
 """
 
 import contextlib
 import os
+import shutil
 import uuid
 
 _WEIGHTS_SUFFIX = ".weights.h5"  # Keras refuses save_weights paths without it
@@ -99,6 +100,40 @@ def write_bytes_atomically(path, data):
     return path
 
 
+def write_directory_atomically(target, write, *, overwrite=False):
+    """Calls `write(temporary)` and renames the directory it filled to `target`.
+
+    The temporary directory is hidden (`.<name>.tmp-<random>`) beside `target`, so TF
+    Serving, which only loads integer-named versions, never sees a half-written one,
+    and if `write` raises, `target` is left as it was and the temporary is removed.
+    An existing `target` is replaced only with `overwrite`: it is moved aside, the new
+    one renamed in, and then the old one deleted.
+
+    Raises:
+        FileExistsError: `target` exists (checked before and after writing) and
+            `overwrite` is False.
+    """
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
+    parent, name = os.path.split(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        write(temporary)
+        if not os.path.exists(target):
+            os.rename(temporary, target)
+            return
+        if not overwrite:  # appeared while we were writing
+            raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
+        # A directory cannot be renamed onto a non-empty one: move the old one aside.
+        retired = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(target, retired)
+        os.rename(temporary, target)
+        shutil.rmtree(retired, ignore_errors=True)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
 def _fsync(path):
     """Flushes a file or directory to disk; a no-op where the OS cannot (Windows dirs)."""
     flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
@@ -114,4 +149,5 @@ def _fsync(path):
         os.close(descriptor)
 
 
-__all__ = ["atomic_path", "save_model_atomically", "save_weights_atomically", "write_bytes_atomically"]
+__all__ = [
+    "write_directory_atomically","atomic_path", "save_model_atomically", "save_weights_atomically", "write_bytes_atomically"]

@@ -83,20 +83,48 @@ def test_prune_keeps_the_newest(tmp_path):
     ]
 
 
-def test_average_command_writes_an_averaged_model(tmp_path, capsys):
-    from training.average_checkpoints import main
+def test_averaging_writes_a_model_directory_beside_the_run(tmp_path, capsys):
+    from keras_transformer.cli.average_checkpoints import main
 
     model_dir = tmp_path / "run"
     checkpoints = model_dir / "checkpoints"
     os.makedirs(checkpoints)
     models = [saved_weights(checkpoints, seed, f"epoch_{seed:03d}.weights.h5")[0] for seed in (1, 2, 3)]
     models[0].save(str(model_dir / "model.keras"))
-    output = str(tmp_path / "averaged.keras")
-    assert main(["--model-dir", str(model_dir), "--last", "2", "--output", output]) == 0
-    assert "averaged 2 checkpoints" in capsys.readouterr().out
-    averaged = keras.saving.load_model(output, safe_mode=True)
+    (model_dir / "tokenizer.model").write_bytes(b"a sentencepiece model")
+    (model_dir / "config.toml").write_text('name = "run"\n')
+    assert main(["--model-dir", str(model_dir), "--last", "2"]) == 0
+    output = capsys.readouterr().out
+    assert "Averaged 2 checkpoints" in output and "epoch_003.weights.h5" in output
+
+    output_dir = tmp_path / "run_averaged"  # the default: a sibling, not inside the run
+    assert sorted(os.listdir(tmp_path)) == ["run", "run_averaged"]  # no temporary left
+    assert sorted(os.listdir(output_dir)) == ["config.toml", "model.keras", "tokenizer.model"]
+    for name in ("config.toml", "tokenizer.model"):
+        assert (output_dir / name).read_bytes() == (model_dir / name).read_bytes()
+    averaged = keras.saving.load_model(str(output_dir / "model.keras"), safe_mode=True)
     for a, b, mean in zip(models[1].weights, models[2].weights, averaged.weights):
         expected = ((to_numpy(a).astype("float64") + to_numpy(b)) / 2).astype("float32")
         np.testing.assert_array_equal(to_numpy(mean), expected)
-    with pytest.raises(ValueError, match="`output` must end in .keras or .weights.h5"):
-        average_model_directory(model_dir, 2, str(tmp_path / "out.h5"))
+
+
+def test_averaging_refuses_to_replace_a_directory_unless_told(tmp_path):
+    model_dir = tmp_path / "run"
+    os.makedirs(model_dir / "checkpoints")
+    model, _ = saved_weights(model_dir / "checkpoints", 1, "epoch_001.weights.h5")
+    model.save(str(model_dir / "model.keras"))
+    (model_dir / "tokenizer.model").write_bytes(b"a sentencepiece model")
+    output_dir = tmp_path / "chosen"
+    os.makedirs(output_dir)  # an empty directory may be written into
+    written, paths = average_model_directory(model_dir, output_dir=output_dir)
+    assert written == str(output_dir) and len(paths) == 1
+    assert sorted(os.listdir(output_dir)) == ["model.keras", "tokenizer.model"]  # no config.toml to copy
+    with pytest.raises(FileExistsError, match="chosen already exists and is not empty; pass overwrite=True"):
+        average_model_directory(model_dir, output_dir=output_dir)
+    assert average_model_directory(model_dir, output_dir=output_dir, overwrite=True)[0] == str(output_dir)
+    with pytest.raises(ValueError, match="`output_dir` must differ from `model_dir`"):
+        average_model_directory(model_dir, output_dir=model_dir)
+    os.remove(model_dir / "tokenizer.model")
+    with pytest.raises(FileNotFoundError, match="No tokenizer.model in the model directory"):
+        average_model_directory(model_dir, output_dir=tmp_path / "other")
+    assert sorted(os.listdir(tmp_path)) == ["chosen", "run"]

@@ -8,6 +8,7 @@ teacher-forced model. Decoding is eager except in the two compilation tests (eac
 distinct shape costs an XLA compile on TensorFlow and JAX).
 """
 
+import inspect
 import itertools
 import math
 
@@ -82,7 +83,35 @@ NEVER_ENDS = {token: {UNK: 0.04, EOS_ID: 0.01, A: 0.9, B: 0.05} for token in (BO
 def test_length_penalty_is_gnmt_formula():
     assert float(decoding.length_penalty(7, 0.6)) == pytest.approx((12 / 6) ** 0.6)
     assert float(decoding.length_penalty(3, 0.0)) == 1.0
-    assert decoding.DEFAULT_BEAM_SIZE == 4 and decoding.DEFAULT_ALPHA == 0.6
+
+
+def test_paper_defaults_are_defined_once_here():
+    assert (decoding.BEAM_SIZE, decoding.LENGTH_PENALTY, decoding.MAX_DECODE_EXTRA) == (4, 0.6, 50)
+    assert decoding.DECODE_METHODS == ("beam", "greedy")
+    defaults = inspect.signature(decoding.beam_decode).parameters
+    assert defaults["beam_size"].default == 4 and defaults["alpha"].default == 0.6
+    for function in (decoding.decode_lengths, decoding.greedy_decode, decoding.beam_decode):
+        assert inspect.signature(function).parameters["max_extra"].default == 50
+
+
+def test_nested_state_is_carried_through_both_searches():
+    """`step_fn` state of any structure: here a dict whose tensors count the steps."""
+    step_fn, _ = table_step_fn(NEVER_ENDS)
+
+    def counting_step_fn(token_ids, index, state):
+        logits, _ = step_fn(token_ids, index, state)
+        steps = {"steps": state["steps"] + 1, "pair": (state["pair"][0], state["pair"][1] * 2)}
+        return logits, steps
+
+    state = {"steps": ops.zeros((2, 1), "int32"), "pair": (ops.ones((2, 3)), ops.ones((2,)))}
+    limits = ops.convert_to_tensor([2, 4], "int32")
+    expected = [padded([A, EOS_ID], 5), padded([A, A, A, EOS_ID], 5)]
+    tokens, _ = decoding.greedy_search(counting_step_fn, state, 2, 5, sentence_max_lengths=limits)
+    assert to_numpy(tokens).tolist() == expected
+    tokens, _ = decoding.beam_search(
+        counting_step_fn, state, 2, 5, beam_size=2, sentence_max_lengths=limits
+    )
+    assert to_numpy(tokens).tolist() == expected
 
 
 def test_beam_finds_the_better_sequence_greedy_misses():
@@ -139,10 +168,11 @@ def test_each_sentence_stops_at_its_own_limit_with_eos_then_zeros():
 
 
 # ------------------------------------------------------------------ the model
-EXTRA = 2  # max_decode_extra: limits of source length + 2 keep every decode short
+EXTRA = 2  # max_extra: limits of source length + 2 keep every decode short
 SOURCES = np.array([[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 12, 13]], "int32")
 LIMITS = [3 + EXTRA, 6 + EXTRA]
-BEAMS = dict(beam_size=3, alpha=0.6, return_all_beams=True)
+GREEDY = dict(max_extra=EXTRA)
+BEAMS = dict(beam_size=3, alpha=0.6, max_extra=EXTRA, return_all_beams=True)
 
 
 def forward(model, encoder_inputs, decoder_inputs):
@@ -180,8 +210,8 @@ def decoded():
     lengths))`, the last for the 2 greedy rows then the 6 beam rows, in one forward pass.
     """
     keras.utils.set_random_seed(7)
-    model = kt.build_transformer(tiny_config(max_decode_extra=EXTRA))
-    greedy = [to_numpy(x) for x in decoding.greedy_decode(model, SOURCES)]
+    model = kt.build_transformer(tiny_config())
+    greedy = [to_numpy(x) for x in decoding.greedy_decode(model, SOURCES, **GREEDY)]
     beams = [to_numpy(x) for x in decoding.beam_decode(model, SOURCES, **BEAMS)]
     rows = np.concatenate([greedy[0], beams[0].reshape(6, -1)])
     sources = np.concatenate([SOURCES, np.repeat(SOURCES, 3, axis=0)])
@@ -213,7 +243,7 @@ def test_cached_greedy_equals_full_recomputation(decoded):
     width = max(LIMITS)
     assert tokens.shape == (2, width)
     np.testing.assert_array_equal(tokens, reference_greedy(model, SOURCES, LIMITS, width))
-    uncached_tokens, uncached_scores = decoding.greedy_decode_uncached(model, SOURCES)
+    uncached_tokens, uncached_scores = decoding.greedy_decode_uncached(model, SOURCES, **GREEDY)
     np.testing.assert_array_equal(to_numpy(uncached_tokens), tokens)
     np.testing.assert_allclose(to_numpy(uncached_scores), scores, atol=1e-5)
     np.testing.assert_allclose(scores, log_probs[:2], atol=1e-4)
@@ -236,7 +266,7 @@ def test_beam_hypotheses_are_scored_as_the_model_scores_them(decoded):
 
 def test_beam_of_one_without_length_penalty_is_greedy(decoded):
     model, (greedy_tokens, greedy_scores), _, _ = decoded
-    tokens, scores = decoding.beam_decode(model, SOURCES, beam_size=1, alpha=0.0)
+    tokens, scores = decoding.beam_decode(model, SOURCES, beam_size=1, alpha=0.0, **GREEDY)
     np.testing.assert_array_equal(to_numpy(tokens), greedy_tokens)
     np.testing.assert_allclose(to_numpy(scores), greedy_scores, atol=1e-5)
 
@@ -245,7 +275,7 @@ def test_a_batch_decodes_each_sentence_as_it_decodes_alone(decoded):
     model, (greedy_tokens, greedy_scores), (beam_tokens, beam_scores), _ = decoded
     for row, limit in enumerate(LIMITS):
         alone = SOURCES[row : row + 1, : np.count_nonzero(SOURCES[row])]
-        tokens, scores = (to_numpy(x) for x in decoding.greedy_decode(model, alone))
+        tokens, scores = (to_numpy(x) for x in decoding.greedy_decode(model, alone, **GREEDY))
         assert tokens.shape == (1, limit)
         np.testing.assert_array_equal(greedy_tokens[row, :limit], tokens[0])
         assert not np.any(greedy_tokens[row, limit:])
@@ -257,12 +287,12 @@ def test_a_batch_decodes_each_sentence_as_it_decodes_alone(decoded):
         np.testing.assert_allclose(beam_scores[row], scores[0], atol=1e-5)
 
 
-def test_lengths_follow_the_paper_and_the_config(decoded):
+def test_lengths_follow_the_paper_and_the_model(decoded):
     model = decoded[0]
-    width, limits = decoding.decode_lengths(model, SOURCES)
+    width, limits = decoding.decode_lengths(model, SOURCES, max_extra=EXTRA)
     assert width == 6 + EXTRA and to_numpy(limits).tolist() == LIMITS
-    # Source length + 50 (6.1), capped so BOS + output fits max_length=32 positions.
-    width, limits = decoding.decode_lengths(model, SOURCES, max_extra=50)
+    # By default source length + 50 (6.1), capped so BOS + output fits max_length=32.
+    width, limits = decoding.decode_lengths(model, SOURCES)
     assert width == 31 and to_numpy(limits).tolist() == [31, 31]
     width, limits = decoding.decode_lengths(model, SOURCES, max_length=4)
     assert width == 4 and to_numpy(limits).tolist() == [4, 4]
@@ -272,8 +302,10 @@ def test_bad_arguments_are_refused_with_clear_messages(decoded):
     model = decoded[0]
     with pytest.raises(ValueError, match=r"`beam_size` must be a positive integer. Received: beam_size=0"):
         decoding.beam_decode(model, SOURCES, beam_size=0)
-    with pytest.raises(ValueError, match=r"`alpha` must be a number >= 0. Received: alpha=-1"):
+    with pytest.raises(ValueError, match=r"`alpha` must be a finite number >= 0. Received: alpha=-1"):
         decoding.beam_decode(model, SOURCES, alpha=-1.0)
+    with pytest.raises(ValueError, match=r"`max_extra` must be an integer >= 0. Received: max_extra=True"):
+        decoding.greedy_decode(model, SOURCES, max_extra=True)
     with pytest.raises(ValueError, match=r"shape \[batch, source_length\]. Received: shape=\(6,\)"):
         decoding.greedy_decode(model, SOURCES[0])
     with pytest.raises(ValueError, match=r"integer token ids. Received: dtype=float32"):

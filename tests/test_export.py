@@ -15,8 +15,10 @@ import textwrap
 import keras
 import numpy as np
 import pytest
-from tiny_translation import BEAM_SIZE, model_dir, sentences, translator  # noqa: F401
+from tiny_translation import BEAM_SIZE, MAX_EXTRA, model_dir, sentences, translator  # noqa: F401
 
+from keras_transformer.cli.demo import export_and_check
+from keras_transformer import atomic
 from keras_transformer.inference import export
 from keras_transformer.special_tokens import EOS_ID
 from keras_transformer.inference.translator import pad_batch
@@ -61,14 +63,15 @@ def exports(model_dir, tmp_path_factory):
         pytest.skip("SavedModel export needs the TensorFlow backend")
     base = tmp_path_factory.mktemp("saved_models")
     # The full export through make demo's path: export, reload in-process, compare.
-    check = export.export_and_check(
-        model_dir, [SOURCE, ""], base_dir=str(base), name="tiny", beam_size=BEAM_SIZE, jit_compile=False
+    check = export_and_check(
+        model_dir, [SOURCE, ""], base_dir=str(base), name="tiny", beam_size=BEAM_SIZE,
+        max_extra=MAX_EXTRA, jit_compile=False,
     )
     assert check.agrees == [True, True] and check.translations[1] == ""
     assert f"{SOURCE!r} -> {check.translations[0]!r}" in str(check)
     full = check.export_dir
     ids_only = export.export_saved_model(
-        model_dir, base_dir=str(base), name="tiny", beam_size=BEAM_SIZE, ids_only=True
+        model_dir, base_dir=str(base), name="tiny", beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, ids_only=True
     )
     return base, full, ids_only
 
@@ -191,7 +194,7 @@ def test_atomic_write_keeps_the_old_directory_when_writing_fails(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        export.write_directory_atomically(str(target), fail, overwrite=True)
+        atomic.write_directory_atomically(str(target), fail, overwrite=True)
     assert os.listdir(tmp_path / "tiny") == ["1"] and os.listdir(target) == ["old.txt"]
 
     def write_new(directory):
@@ -199,8 +202,8 @@ def test_atomic_write_keeps_the_old_directory_when_writing_fails(tmp_path):
         (open(os.path.join(directory, "new.txt"), "w")).close()
 
     with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
-        export.write_directory_atomically(str(target), write_new)
-    export.write_directory_atomically(str(target), write_new, overwrite=True)
+        atomic.write_directory_atomically(str(target), write_new)
+    atomic.write_directory_atomically(str(target), write_new, overwrite=True)
     assert os.listdir(tmp_path / "tiny") == ["1"] and os.listdir(target) == ["new.txt"]
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from conftest import tiny_config, to_numpy
 
 import keras_transformer as kt
 
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 ENCODER = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
 DECODER = np.array([[2, 15, 16, 17, 0], [2, 18, 19, 20, 21]], "int32")
 
@@ -29,6 +31,38 @@ def test_inputs_outputs_and_layer_names():
     assert tuple(logits.shape) == (2, 5, 32)
     assert model.get_layer("encoder_layer_1") is model.encoder_layers[1]
     assert model.get_layer("decoder_layer_0") is model.decoder_layers[0]
+
+
+def test_stacks_are_plain_objects_over_the_named_layers():
+    model = kt.build_transformer(
+        tiny_config(num_decoder_layers=2, share_embeddings=False, norm_first=True)
+    )
+    encoder, decoder = model.encoder_stack, model.decoder_stack
+    assert not isinstance(encoder, keras.layers.Layer)
+    assert not isinstance(decoder, keras.layers.Layer)
+    assert encoder.token_embedding is model.get_layer("encoder_token_embedding")
+    assert decoder.position_encoding is model.get_layer("decoder_position_encoding")
+    assert decoder.output_projection is model.get_layer("output_projection")
+    assert encoder.final_norm is model.get_layer("encoder_final_norm")
+    blocks = [model.get_layer("decoder_layer_0"), model.get_layer("decoder_layer_1")]
+    assert decoder.blocks == model.decoder_layers == blocks
+    # Weights files are keyed by these names: the same since 0.1.
+    assert sorted(layer.name for layer in model.layers) == [
+        "decoder_embedding_dropout",
+        "decoder_final_norm",
+        "decoder_inputs",
+        "decoder_layer_0",
+        "decoder_layer_1",
+        "decoder_position_encoding",
+        "decoder_token_embedding",
+        "encoder_embedding_dropout",
+        "encoder_final_norm",
+        "encoder_inputs",
+        "encoder_layer_0",
+        "encoder_position_encoding",
+        "encoder_token_embedding",
+        "output_projection",
+    ]
 
 
 def test_shared_embedding_is_one_matrix():
@@ -132,6 +166,15 @@ def test_keras_file_round_trip_gives_identical_outputs(tmp_path):
     np.testing.assert_array_equal(logits_of(restored), logits_of(model))
 
 
+def test_keras_file_written_by_version_0_1_loads_with_the_same_logits():
+    """A `model.keras` of the 0.1 code: its config still carries training and decoding fields."""
+    model = keras.saving.load_model(str(FIXTURES / "model_v0_1.keras"), compile=False)
+    assert isinstance(model, kt.Transformer)
+    io = np.load(FIXTURES / "model_v0_1_io.npz")
+    logits = logits_of(model, io["encoder_inputs"], io["decoder_inputs"])
+    np.testing.assert_allclose(logits, io["logits"], atol=1e-5)
+
+
 # Written by a subprocess on another backend; read here.
 _WRITER = """
 import json, sys
@@ -193,8 +236,8 @@ def test_mixed_float16_forward_and_fit_step_are_finite():
         (dict(d_model=30, num_heads=8), "`d_model` must be divisible by `num_heads`. Received: d_model=30, num_heads=8"),
         (dict(num_heads=0), "`num_heads` must be a positive integer. Received: num_heads=0"),
         (dict(vocab_size=-5), "`vocab_size` must be a positive integer. Received: vocab_size=-5"),
-        (dict(dropout=1.0), r"`dropout` must be in \[0, 1\). Received: dropout=1.0"),
-        (dict(warmup_steps=0), "`warmup_steps` must be a positive integer. Received: warmup_steps=0"),
+        (dict(dropout=1.0), r"`dropout` must be a number in \[0, 1\). Received: dropout=1.0"),
+        (dict(num_encoder_layers=0), "`num_encoder_layers` must be a positive integer. Received: num_encoder_layers=0"),
         (dict(d_model="512"), "`d_model` must be of type int. Received: d_model='512'"),
         (dict(share_embeddings=1), "`share_embeddings` must be of type bool. Received: share_embeddings=1"),
         (dict(position_encoding="rotary"), "`position_encoding` must be one of"),

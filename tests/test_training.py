@@ -249,3 +249,22 @@ def test_an_interrupted_run_resumes_and_keeps_its_files(tmp_path):
     model_dir, resuming = prepare_model_directory(RunConfig(name="demo", output_dir=str(tmp_path)), print)
     assert resuming
     assert (tmp_path / "demo" / "model.keras").read_text() == "earlier run"
+
+
+def test_fit_on_a_dataset_does_not_warn_about_shuffle():
+    import warnings
+
+    import tensorflow as tf
+
+    model = compile_transformer(kt.build_transformer(tiny_config()), jit_compile=quick_jit_compile())
+    inputs, labels = copy_task()
+    dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(dataset, epochs=1, verbose=0)
+    assert not [w for w in caught if "shuffle" in str(w.message)]
+    # An explicit shuffle=True is the user's to make: Keras' own warning then stands.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(dataset, epochs=1, verbose=0, shuffle=True)
+    assert [w for w in caught if "shuffle=True" in str(w.message)]

@@ -1,25 +1,29 @@
-"""Average the last K checkpoints of a model directory (Vaswani et al., 2017, 6.1).
+"""`kt-average-checkpoints`: average the last K checkpoints of a run (Vaswani et al., 2017, 6.1).
+
+Writes a complete model directory (default `<model-dir>_averaged`) that the other
+commands take like any other.
 
 Example:
-    python -m training.average_checkpoints --model-dir saved_models/base --last 5 \
-        --output saved_models/base/model_averaged.keras
+    kt-average-checkpoints --model-dir saved_models/base --last 5
+    kt-translate --model-dir saved_models/base_averaged "a sentence"
 """
 
 import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from keras_transformer.train.checkpoints import CHECKPOINTS_TO_AVERAGE, average_model_directory  # noqa: E402
+from keras_transformer.cli import common
 
 
 def main(argv=None):
+    common.setup_environment()  # before anything imports TensorFlow
+    from keras_transformer.train.checkpoints import CHECKPOINTS_TO_AVERAGE, average_model_directory
+
     parser = argparse.ArgumentParser(
-        prog="python -m training.average_checkpoints",
+        prog="kt-average-checkpoints",
         description="Average the weights of the newest K checkpoints "
-        "(MODEL_DIR/checkpoints/epoch_NNN.weights.h5) into a new model file, as the paper "
-        "does with the last 5 (base) or 20 (big) checkpoints.",
+        "(MODEL_DIR/checkpoints/epoch_NNN.weights.h5) into a new model directory "
+        "(model.keras, tokenizer.model, config.toml), as the paper does with the last 5 "
+        "(base) or 20 (big) checkpoints.",
     )
     parser.add_argument("--model-dir", required=True, help="a training run's model directory")
     parser.add_argument(
@@ -29,21 +33,20 @@ def main(argv=None):
         help=f"how many of the newest checkpoints (default {CHECKPOINTS_TO_AVERAGE}, as for the "
         "paper's base model)",
     )
-    parser.add_argument(
-        "--output",
-        help="file to write: .keras (whole model) or .weights.h5; "
-        "default MODEL_DIR/model_averaged.keras",
-    )
+    parser.add_argument("--output-dir", help="model directory to write (default: MODEL_DIR_averaged)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     args = parser.parse_args(argv)
 
     try:
-        output, paths = average_model_directory(args.model_dir, args.last, args.output)
+        output_dir, paths = average_model_directory(
+            args.model_dir, args.last, args.output_dir, overwrite=args.overwrite
+        )
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    print(f"averaged {len(paths)} checkpoints:")
+    print(f"Averaged {len(paths)} checkpoints:")
     for path in paths:
         print(f"  {path}")
-    print(f"wrote {output}")
+    print(f"Model directory: {output_dir}")
     return 0
 
 

@@ -1,25 +1,27 @@
-"""Export a trained model directory as a TensorFlow Serving SavedModel.
+"""`kt-export`: export a trained model directory as a TensorFlow Serving SavedModel.
 
 Writes `BASE_DIR/NAME/VERSION/` (default `saved_models/transformer/<next version>/`)
-with the tokenizer and beam search in the graph; see `keras_transformer.inference.export`. The
-export traces the model on the TensorFlow backend, so this command always runs with
-`KERAS_BACKEND=tensorflow`: a model trained under JAX or PyTorch is exported by this
-same command, since its `model.keras` loads on any backend.
+with the tokenizer and the search in the graph; see `keras_transformer.inference.export`.
+The export traces the model on the TensorFlow backend: under another `KERAS_BACKEND`
+this command runs itself again in a TensorFlow process, since a `model.keras` trained
+under JAX or PyTorch loads on any backend.
 
 Example:
-    python -m training.export --model-dir saved_models/demo --name demo
+    kt-export --model-dir saved_models/demo --name demo --check "on May 29, 2048"
 """
 
 import argparse
 import os
+import subprocess
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_transformer.cli import common
 
 
 def main(argv=None):
+    common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(
-        prog="python -m training.export",
+        prog="kt-export",
         description="Export a model directory as a SavedModel for TensorFlow Serving: "
         "BASE_DIR/NAME/VERSION/ with signatures serving_default (text -> translation, "
         "score) and translate_ids (token ids -> token ids, score).",
@@ -29,20 +31,26 @@ def main(argv=None):
     parser.add_argument("--version", type=int, help="version number (default: 1 + the highest existing)")
     parser.add_argument("--base-dir", default="saved_models", help="TF Serving model root (default: saved_models)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version directory")
-    parser.add_argument("--beam-size", type=int, default=4, help="beams per sentence; 1 = greedy (default 4)")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha (default 0.6)")
     parser.add_argument(
-        "--ids-only", action="store_true",
+        "--ids-only",
+        action="store_true",
         help="leave the tokenizer out: token-id signatures only, for servers without tensorflow-text ops",
     )
     parser.add_argument("--check", nargs="*", metavar="TEXT", help="translate these sentences with the reloaded export")
+    common.add_decoding_arguments(parser, batch_size=False)
     args = parser.parse_args(argv)
+    if args.check and args.ids_only:
+        parser.error("--check translates text, which an --ids-only export does not take")
 
-    previous = os.environ.get("KERAS_BACKEND")
-    if previous not in (None, "tensorflow"):
-        print(f"KERAS_BACKEND={previous} ignored: the export runs on TensorFlow.", file=sys.stderr)
-    # Set before Keras is imported: the backend is fixed at import.
-    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        # Keras fixes its backend when it is imported, so trace in a fresh TensorFlow process.
+        print(f"KERAS_BACKEND={backend}: exporting in a TensorFlow process.", file=sys.stderr)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = [sys.executable, "-m", "keras_transformer.cli.export", *argv]
+        return subprocess.call(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
 
     from keras_transformer.inference.export import export_saved_model, translate_with_saved_model
 
@@ -53,14 +61,13 @@ def main(argv=None):
             name=args.name,
             version=args.version,
             overwrite=args.overwrite,
-            beam_size=args.beam_size,
-            length_penalty=args.length_penalty,
             ids_only=args.ids_only,
+            **common.decoding_settings(args),
         )
     except (OSError, ValueError) as error:
         parser.error(str(error))
     print(f"SavedModel written to {path}")
-    if args.check and not args.ids_only:
+    if args.check:
         translations, scores = translate_with_saved_model(path, args.check)
         for source, target, score in zip(args.check, translations, scores):
             print(f"  {source!r} -> {target!r} ({score:.3f})")

@@ -1,43 +1,35 @@
-"""Train a Transformer from a TOML run config: `python -m training.train --config FILE`.
+"""`kt-train`: train a Transformer from a TOML run config.
 
 Example:
-    python -m training.train --config training/configs/multi30k.toml \
+    kt-train --config training/configs/multi30k.toml \
         --set max_train_seconds=300 --set model.d_model=128
 """
 
 import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_transformer.cli import common
 
 
 def main(argv=None):
+    common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(
-        prog="python -m training.train",
+        prog="kt-train",
         description="Train a Transformer as described by a TOML run config; writes the "
         "model, tokenizer, config, CSV/TensorBoard logs and a training-curve PNG into "
-        "<output_dir>/<name>/. A killed run started again resumes where it stopped.",
+        "<output_dir>/<name>/. A killed run started again resumes where it stopped; a "
+        "finished one is replaced only with --set overwrite=true.",
     )
-    parser.add_argument("--config", required=True, help="TOML run config, e.g. training/configs/demo.toml")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config value, e.g. --set epochs=3 --set model.d_model=256 (repeatable)",
-    )
+    common.add_config_arguments(parser)
     args = parser.parse_args(argv)
+    config = common.read_run_config(parser, args)
 
-    from keras_transformer.train.run import train
-    from keras_transformer.train.run_config import RunConfig
+    from keras_transformer.train.run import run_training
 
     try:
-        config = RunConfig.from_toml(args.config, args.overrides)
-    except (OSError, ValueError) as error:
+        run_training(config)  # prints where it writes, and what it trained
+    except FileExistsError as error:  # a finished run in the model directory
         parser.error(str(error))
-    train(config)
     return 0
 
 

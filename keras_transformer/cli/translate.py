@@ -1,24 +1,24 @@
-"""Translate sentences with a trained model directory.
+"""`kt-translate`: translate sentences with a trained model directory.
 
 Sentences come from the command line, from a file (`--input`), or from standard input,
 one per line; translations go to standard output (or `--output`), one per line, in the
 same order. A progress bar is shown on standard error for files and standard input.
 
 Example:
-    python -m training.translate --model-dir saved_models/demo "on May 29, 2048"
-    python -m training.translate --model-dir saved_models/demo < sentences.txt > out.txt
+    kt-translate --model-dir saved_models/demo "on May 29, 2048"
+    kt-translate --model-dir saved_models/demo --greedy < sentences.txt > out.txt
 """
 
 import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_transformer.cli import common
 
 
 def main(argv=None):
+    common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(
-        prog="python -m training.translate",
+        prog="kt-translate",
         description="Translate sentences given as arguments, in a file, or on standard "
         "input (one per line) with a trained model directory.",
     )
@@ -26,11 +26,8 @@ def main(argv=None):
     parser.add_argument("text", nargs="*", help="sentences to translate (default: read --input or stdin)")
     parser.add_argument("--input", help="file of sentences, one per line (default: stdin when no text)")
     parser.add_argument("--output", help="write translations here, one per line (default: stdout)")
-    parser.add_argument("--beam-size", type=int, default=4, help="beams per sentence (default 4, section 6.1)")
-    parser.add_argument("--greedy", action="store_true", help="greedy search (the same as --beam-size 1)")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha (default 0.6, section 6.1)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per decoder call (default 64)")
     parser.add_argument("--scores", action="store_true", help="print each score before its translation, tab-separated")
+    common.add_decoding_arguments(parser)
     args = parser.parse_args(argv)
     if args.text and args.input:
         parser.error("give sentences as arguments or with --input, not both")
@@ -50,23 +47,16 @@ def main(argv=None):
     from keras_transformer.inference.translator import Translator
 
     try:
-        translator = Translator(
-            args.model_dir,
-            beam_size=1 if args.greedy else args.beam_size,
-            length_penalty=args.length_penalty,
-            batch_size=args.batch_size,
-        )
+        translator = Translator(args.model_dir, **common.decoding_settings(args))
     except (OSError, ValueError) as error:
         parser.error(str(error))
     translations, scores = translator.translate(sentences, return_scores=True, progress=progress)
-    lines = [
-        f"{score:.4f}\t{text}" if args.scores else text for text, score in zip(translations, scores)
-    ]
+    lines = [f"{score:.4f}\t{text}" if args.scores else text for text, score in zip(translations, scores)]
     if args.output:
         with open(args.output, "w", encoding="utf-8") as file:
             file.writelines(line + "\n" for line in lines)
     else:
-        print("\n".join(lines))
+        sys.stdout.writelines(line + "\n" for line in lines)
     return 0
 
 

@@ -1,24 +1,24 @@
-"""Draw the attention maps of a sentence pair as heat maps in a PNG.
+"""`kt-visualize`: draw the attention maps of a sentence pair as heat maps in a PNG.
 
 Encoder self-attention, decoder self-attention and cross-attention, one heat map per
 layer and head, with the tokens on the axes. Without `--target`, the model's own
 (greedy) translation of the source is used.
 
 Example:
-    python -m training.visualize --model-dir saved_models/demo \
+    kt-visualize --model-dir saved_models/demo \
         --source "on May 29, 2048" --target "am 29. Mai 2048" --output attention.png
 """
 
 import argparse
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from keras_transformer.cli import common
 
 
 def main(argv=None):
+    common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(
-        prog="python -m training.visualize",
+        prog="kt-visualize",
         description="Write the encoder, decoder and cross-attention maps of a sentence "
         "pair, per layer and head, to a PNG.",
     )
@@ -29,9 +29,8 @@ def main(argv=None):
     parser.add_argument("--dpi", type=int, default=100, help="resolution (default 100)")
     args = parser.parse_args(argv)
 
-    from keras_transformer.inference.attention_maps import attention_maps
-    from keras_transformer.inference.attention_maps import plot_attention_maps
-    from keras_transformer.inference.translator import load_model_and_tokenizer
+    from keras_transformer.inference.attention_maps import attention_maps, plot_attention_maps
+    from keras_transformer.model.directory import load_model_and_tokenizer
 
     try:
         model, tokenizer = load_model_and_tokenizer(args.model_dir)

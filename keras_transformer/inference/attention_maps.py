@@ -76,10 +76,10 @@ def attention_maps(model, tokenizer, source, target=None):
         encoder_inputs, return_attention_scores=True
     )
     if target is None:
-        from keras_transformer.inference.compiled import compile_decoder
+        from keras_transformer.inference.compiled import CompiledDecoder
 
         # Compiled (or, on PyTorch, run without autograd): one sentence, one trace.
-        tokens, _ = compile_decoder(model, "greedy", jit_compile=False)(encoder_inputs)
+        tokens, _ = CompiledDecoder(model, "greedy", jit_compile=False)(encoder_inputs)
         target_ids = [int(i) for i in keras.ops.convert_to_numpy(tokens)[0] if i not in (0, EOS_ID)]
     else:
         target_ids = tokenizer.encode([target])[0]

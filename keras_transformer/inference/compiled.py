@@ -20,6 +20,7 @@ the traces (a Python side effect inside the traced function runs only when traci
 import keras
 from keras import ops
 
+from keras_transformer import checks
 from keras_transformer.inference import decoding
 
 _METHODS = {
@@ -49,13 +50,15 @@ class CompiledDecoder:
         trace_count: int, how many times the function was traced (0 on PyTorch).
 
     Example:
-    >>> decoder = CompiledDecoder(model, "beam", beam_size=4)
-    >>> tokens, scores = decoder(keras.ops.array([[5, 6, 7, 0]]))
+
+    ```python
+    decoder = CompiledDecoder(model, "beam", beam_size=4)
+    tokens, scores = decoder(keras.ops.array([[5, 6, 7, 0]]))
+    ```
     """
 
     def __init__(self, model, method="beam", jit_compile=True, **decode_kwargs):
-        if method not in _METHODS:
-            raise ValueError(f"`method` must be one of {sorted(_METHODS)}. Received: method={method!r}")
+        checks.check_choice("method", method, tuple(_METHODS))
         self.model = model
         self.method = method
         self.jit_compile = jit_compile
@@ -112,14 +115,4 @@ class CompiledDecoder:
         return self._function(ops.cast(ops.convert_to_tensor(encoder_inputs), "int32"))
 
 
-def compile_decoder(model, method="beam", jit_compile=True, **decode_kwargs):
-    """Returns a `CompiledDecoder` for `model` (see its docstring).
-
-    Example:
-    >>> decode = compile_decoder(model, "greedy", max_extra=10)
-    >>> tokens, scores = decode(source_ids)
-    """
-    return CompiledDecoder(model, method, jit_compile=jit_compile, **decode_kwargs)
-
-
-__all__ = ["CompiledDecoder", "compile_decoder"]
+__all__ = ["CompiledDecoder"]

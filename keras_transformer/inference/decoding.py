@@ -17,33 +17,43 @@ Conventions shared by every function here:
 - PAD and BOS are never generated: their log-probability is set to -inf without
   renormalising (fairseq does the same), so 0 in the output always means padding.
 - A sentence's length limit counts generated tokens, EOS included. By default it is
-  its real (non-pad) source length + `config.max_decode_extra` (the paper's "input
-  length + 50", 6.1), capped so that BOS + output fits `config.max_length` positions.
+  its real (non-pad) source length + `MAX_DECODE_EXTRA` (the paper's "input length +
+  50", 6.1), capped so that BOS + output fits the model's `config.max_length` positions.
   A batch runs to the longest limit of its sentences; each sentence stops at its own,
   so it decodes exactly as it would alone.
 - Scores are float32 `[B]`: the sum of token log-probabilities (EOS included) for
   greedy search; that sum divided by the length penalty `((5 + len) / 6) ** alpha` for
   beam search (Wu et al., 2016, eq. 14).
 
-Loops are `keras.ops.while_loop` with fixed-shape loop variables (the cache holds the
-longest limit from the start), so they trace inside `tf.function` (XLA included, with
-`None` batch and source dimensions) and `jax.jit`; `keras_transformer.inference.compiled` gives
-compiled callables. Called eagerly on PyTorch, the loop records autograd history: wrap
-it in `torch.no_grad()` or use `compiled.CompiledDecoder`, which does.
+Shapes use B batch, K beams, L output length, V vocabulary.
+
+Loops are `keras.ops.while_loop` over a named state (`GreedyState`, `BeamState`) with
+fixed shapes (the cache holds the longest limit from the start), so they trace inside
+`tf.function` (XLA included, with `None` batch and source dimensions) and `jax.jit`;
+`keras_transformer.inference.compiled` gives compiled callables. Called eagerly on
+PyTorch, the loop records autograd history: wrap it in `torch.no_grad()` or use
+`compiled.CompiledDecoder`, which does.
 """
+
+import typing
 
 import keras
 from keras import ops
 from keras import tree
 
-from keras_transformer.model.config import TransformerConfig
+from keras_transformer import checks
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
-# The paper's decoding settings (6.1), defined once in TransformerConfig.
-DEFAULT_BEAM_SIZE = TransformerConfig.beam_size  # 4
-DEFAULT_ALPHA = TransformerConfig.length_penalty  # 0.6
+# The paper's decoding settings (Vaswani et al., 2017, 6.1), defined once here.
+BEAM_SIZE = 4  # "beam search with a beam size of 4"
+LENGTH_PENALTY = 0.6  # "length penalty alpha = 0.6", in ((5 + len) / 6) ** alpha
+MAX_DECODE_EXTRA = 50  # "maximum output length during inference to input length + 50"
+DECODE_METHODS = ("beam", "greedy")  # the searches a user can choose
 
 _NEG_INF = float("-inf")
+
+Tensor = typing.Any  # a backend tensor
+Nested = typing.Any  # a nested structure (tuple, dict) of tensors
 
 
 # --------------------------------------------------------------------- scoring
@@ -93,6 +103,17 @@ def _write_column(sequences, index, values, positions):
 
 
 # ---------------------------------------------------------------------- greedy
+class GreedyState(typing.NamedTuple):
+    """The loop state of `greedy_search`."""
+
+    index: Tensor  # () int32: position of the tokens fed next (BOS is position 0)
+    last_tokens: Tensor  # [B, 1] int32: the tokens fed next
+    tokens: Tensor  # [B, L] int32: output so far, 0 after EOS and beyond the index
+    scores: Tensor  # [B] float32: summed log-probabilities of the output
+    finished: Tensor  # [B] bool: the sentence produced EOS
+    cache: Nested  # `step_fn`'s state, e.g. the decoder caches, every tensor [B, ...]
+
+
 def greedy_search(
     step_fn,
     state,
@@ -128,39 +149,92 @@ def greedy_search(
     >>> logits = keras.ops.log(keras.ops.array([[.1, .1, .1, .5, .2]]))  # EOS (3) likeliest
     >>> step_fn = lambda token_ids, index, state: (logits, state)
     >>> tokens, scores = greedy_search(step_fn, (), batch_size=1, max_length=3)
-    >>> tokens, scores  # [[3, 0, 0]], [log(0.5)]
+    >>> keras.ops.convert_to_numpy(tokens).tolist()
+    [[3, 0, 0]]
+    >>> round(float(scores[0]), 4)  # log(0.5)
+    -0.6931
     """
     positions = ops.arange(max_length, dtype="int32")[None, :]
     limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
-    loop_vars = (
-        ops.convert_to_tensor(0, "int32"),  # index of the token fed next
-        ops.full((batch_size, 1), bos_id, dtype="int32"),  # token fed next
-        ops.zeros((batch_size, max_length), "int32"),  # output tokens
-        ops.zeros((batch_size,), "float32"),  # summed log-probabilities
-        ops.zeros((batch_size,), "bool"),  # produced EOS
-        state,
+    initial = GreedyState(
+        index=ops.convert_to_tensor(0, "int32"),
+        last_tokens=ops.full((batch_size, 1), bos_id, dtype="int32"),
+        tokens=ops.zeros((batch_size, max_length), "int32"),
+        scores=ops.zeros((batch_size,), "float32"),
+        finished=ops.zeros((batch_size,), "bool"),
+        cache=state,
     )
 
-    def cond(index, last, tokens, scores, finished, state):
-        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(finished)))
+    def cond(s):
+        return ops.logical_and(ops.less(s.index, max_length), ops.logical_not(ops.all(s.finished)))
 
-    def body(index, last, tokens, scores, finished, state):
-        logits, state = step_fn(last, index, state)
-        forced_eos = ops.greater_equal(index, limits - 1)[:, None]
-        log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id)
-        next_ids = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
-        next_log_probs = ops.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
-        next_ids = ops.where(finished, ops.cast(pad_id, "int32"), next_ids)
-        scores = scores + ops.where(finished, 0.0, next_log_probs)
-        tokens = _write_column(tokens, index, next_ids[:, None], positions)
-        finished = ops.logical_or(finished, ops.equal(next_ids, eos_id))
-        return index + 1, next_ids[:, None], tokens, scores, finished, state
+    def body(s):
+        return (_greedy_step(step_fn, s, limits, positions, eos_id, pad_id, bos_id),)
 
-    outputs = ops.while_loop(cond, body, loop_vars)
-    return outputs[2], outputs[3]
+    # The state travels as a 1-tuple: `while_loop` unpacks a tuple into arguments.
+    (final,) = ops.while_loop(cond, body, (initial,))
+    return final.tokens, final.scores
+
+
+def _greedy_step(step_fn, state, limits, positions, eos_id, pad_id, bos_id):
+    """One step of greedy search: feed the last tokens, append the most probable next ones."""
+    logits, cache = step_fn(state.last_tokens, state.index, state.cache)
+    forced_eos = ops.greater_equal(state.index, limits - 1)[:, None]  # [B, 1]
+    log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id)
+    next_ids = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [B]
+    next_log_probs = ops.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
+    next_ids = ops.where(state.finished, ops.cast(pad_id, "int32"), next_ids)
+    return GreedyState(
+        index=state.index + 1,
+        last_tokens=next_ids[:, None],
+        tokens=_write_column(state.tokens, state.index, next_ids[:, None], positions),
+        scores=state.scores + ops.where(state.finished, 0.0, next_log_probs),
+        finished=ops.logical_or(state.finished, ops.equal(next_ids, eos_id)),
+        cache=cache,
+    )
 
 
 # ------------------------------------------------------------------------ beam
+class BeamState(typing.NamedTuple):
+    """The loop state of `beam_search`: tensor2tensor's alive and finished sets.
+
+    Beams are laid out sentence-major: row `b * K + k` of a `[B*K, ...]` tensor is beam
+    `k` of sentence `b` (`tile_beams`).
+    """
+
+    index: Tensor  # () int32: position of the tokens fed next (BOS is position 0)
+    last_tokens: Tensor  # [B*K, 1] int32: the tokens fed next, one per alive beam
+    alive_seq: Tensor  # [B, K, L] int32: alive hypotheses, most probable first
+    alive_log_probs: Tensor  # [B, K] float32: their summed log-probabilities
+    finished_seq: Tensor  # [B, K, L] int32: the best finished hypotheses, best first
+    finished_scores: Tensor  # [B, K] float32: their penalised scores, -inf in empty slots
+    done: Tensor  # [B] bool: the sentence stopped; later steps leave its results alone
+    cache: Nested  # `step_fn`'s state, every tensor [B*K, ...], following its beam
+
+
+class _Candidates(typing.NamedTuple):
+    """The 2K most probable one-token extensions of each sentence's alive beams."""
+
+    log_probs: Tensor  # [B, 2K] float32: summed log-probabilities, best first
+    tokens: Tensor  # [B, 2K] int32: the token each one appends
+    origins: Tensor  # [B, 2K] int32: the alive beam (0..K-1) each one extends
+    seq: Tensor  # [B, 2K, L] int32: the extended hypotheses
+    ends: Tensor  # [B, 2K] bool: the token is EOS
+
+
+class _BeamSettings(typing.NamedTuple):
+    """What stays fixed during one `beam_search`."""
+
+    beam_size: int  # K
+    alpha: float  # length penalty exponent
+    limits: Tensor  # [B] int32: each sentence's length limit
+    limits_per_beam: Tensor  # [B*K, 1] int32: the same, for each beam's row
+    positions: Tensor  # [1, 1, L] int32: arange(L), to write a column
+    eos_id: int
+    pad_id: int
+    bos_id: int
+
+
 def tile_beams(structure, beam_size):
     """Repeats every tensor of a nested structure `beam_size` times along axis 0.
 
@@ -168,7 +242,9 @@ def tile_beams(structure, beam_size):
     is beam `k` of sentence `b`), the layout `beam_search` uses for its state.
 
     Example:
-    >>> tile_beams({"x": keras.ops.array([[1], [2]])}, 2)["x"]  # [[1], [1], [2], [2]]
+    >>> tiled = tile_beams({"x": keras.ops.array([[1], [2]])}, 2)
+    >>> keras.ops.convert_to_numpy(tiled["x"]).tolist()
+    [[1], [1], [2], [2]]
     """
     return tree.map_structure(lambda x: ops.repeat(x, beam_size, axis=0), structure)
 
@@ -190,10 +266,119 @@ def _flatten_beams(x):
 
 
 def _check_beam_arguments(beam_size, alpha):
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size <= 0:
-        raise ValueError(f"`beam_size` must be a positive integer. Received: beam_size={beam_size!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
-        raise ValueError(f"`alpha` must be a number >= 0. Received: alpha={alpha!r}")
+    checks.check_positive_int("beam_size", beam_size)
+    checks.check_non_negative_number("alpha", alpha)
+
+
+def _initial_beam_state(cache, batch_size, max_length, beam_size, bos_id):
+    """Beam 0 of each sentence alive at log-probability 0 after BOS; nothing finished."""
+    k = beam_size
+    # Only beam 0 starts alive, so the first step does not pick K copies of one token.
+    first_beam_only = ops.where(ops.equal(ops.arange(k), 0), 0.0, _NEG_INF)[None, :]
+    return BeamState(
+        index=ops.convert_to_tensor(0, "int32"),
+        last_tokens=ops.full((batch_size * k, 1), bos_id, dtype="int32"),
+        alive_seq=ops.zeros((batch_size, k, max_length), "int32"),
+        alive_log_probs=ops.zeros((batch_size, k), "float32") + first_beam_only,
+        finished_seq=ops.zeros((batch_size, k, max_length), "int32"),
+        finished_scores=ops.full((batch_size, k), _NEG_INF, dtype="float32"),
+        done=ops.zeros((batch_size,), "bool"),
+        cache=tile_beams(cache, k),
+    )
+
+
+def _extend_beams(state, log_probs, settings):
+    """The 2K best extensions of the alive beams by the next-token `log_probs [B*K, V]`.
+
+    Taking 2K, not K, keeps K that do not end with EOS even if the other K all do.
+    """
+    k = settings.beam_size
+    vocab = ops.shape(log_probs)[-1]
+    # [B, K, V] -> [B, K * V]: every extension of every alive beam of a sentence.
+    candidates = state.alive_log_probs[:, :, None] + ops.reshape(log_probs, (-1, k, vocab))
+    candidates = ops.reshape(candidates, (-1, k * vocab))
+    top_log_probs, top_ids = ops.top_k(candidates, k=2 * k)
+    top_ids = ops.cast(top_ids, "int32")
+    origins = top_ids // vocab
+    tokens = top_ids - origins * vocab
+    seq = _gather_beams(_flatten_beams(state.alive_seq), origins, k)
+    seq = _write_column(seq, state.index, tokens[:, :, None], settings.positions)
+    return _Candidates(top_log_probs, tokens, origins, seq, ops.equal(tokens, settings.eos_id))
+
+
+def _pick_alive(candidates, cache, beam_size):
+    """The K most probable candidates that did not end, and the cache of their origins.
+
+    Returns `(alive_seq [B, K, L], alive_log_probs [B, K], alive_tokens [B, K], cache)`.
+    """
+    k = beam_size
+    unfinished = ops.where(candidates.ends, _NEG_INF, candidates.log_probs)
+    alive_log_probs, picked = ops.top_k(unfinished, k=k)
+    picked = ops.cast(picked, "int32")
+    alive_seq = _gather_beams(_flatten_beams(candidates.seq), picked, 2 * k)
+    alive_tokens = ops.take_along_axis(candidates.tokens, picked, axis=1)
+    alive_origins = ops.take_along_axis(candidates.origins, picked, axis=1)
+    origin_rows = ops.reshape(_beam_rows(alive_origins, k), (-1,))
+    cache = tree.map_structure(lambda x: ops.take(x, origin_rows, axis=0), cache)
+    return alive_seq, alive_log_probs, alive_tokens, cache
+
+
+def _update_finished(state, candidates, settings):
+    """The K best length-penalised hypotheses so far: `(finished_seq, finished_scores)`.
+
+    Old ones come first, so that a tie keeps the earlier, shorter one. Candidates are
+    the EOS extensions among the K best, those a beam of K keeps (as fairseq and Hugging
+    Face do; tensor2tensor takes all 2K): so a beam of 1 with alpha = 0 is greedy search.
+    A stopped sentence keeps its results.
+    """
+    k = settings.beam_size
+    within_k_best = ops.less(ops.arange(2 * k), k)[None, :]  # [1, 2K]
+    finishes = ops.logical_and(candidates.ends, within_k_best)
+    penalty = length_penalty(state.index + 1, settings.alpha)
+    new_scores = ops.where(finishes, candidates.log_probs / penalty, _NEG_INF)
+    all_scores = ops.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 3K]
+    all_seq = ops.concatenate([state.finished_seq, candidates.seq], axis=1)  # [B, 3K, L]
+    best_scores, best = ops.top_k(all_scores, k=k)
+    best_seq = _gather_beams(_flatten_beams(all_seq), ops.cast(best, "int32"), 3 * k)
+    finished_scores = ops.where(state.done[:, None], state.finished_scores, best_scores)
+    finished_seq = ops.where(state.done[:, None, None], state.finished_seq, best_seq)
+    return finished_seq, finished_scores
+
+
+def _sentences_done(state, alive_log_probs, finished_scores, settings):
+    """`[B]` bool: stopped before, at its limit, or no alive beam can beat the K-th finished.
+
+    Log-probabilities only fall and, for alpha >= 0, the penalty only grows with length,
+    so `alive_log_prob / length_penalty(limit)` bounds an alive beam's future scores.
+    """
+    best_alive_bound = alive_log_probs[:, 0] / length_penalty(settings.limits, settings.alpha)
+    hopeless = ops.less(best_alive_bound, finished_scores[:, -1])
+    at_limit = ops.greater_equal(state.index + 1, settings.limits)
+    return ops.logical_or(state.done, ops.logical_or(at_limit, hopeless))
+
+
+def _beam_step(step_fn, state, settings):
+    """One step of beam search: feed the alive beams' tokens, extend, select."""
+    logits, cache = step_fn(state.last_tokens, state.index, state.cache)
+    forced_eos = ops.greater_equal(state.index, settings.limits_per_beam - 1)  # [B*K, 1]
+    log_probs = _next_token_log_probs(
+        logits, forced_eos, settings.eos_id, settings.pad_id, settings.bos_id
+    )
+    candidates = _extend_beams(state, log_probs, settings)
+    alive_seq, alive_log_probs, alive_tokens, cache = _pick_alive(
+        candidates, cache, settings.beam_size
+    )
+    finished_seq, finished_scores = _update_finished(state, candidates, settings)
+    return BeamState(
+        index=state.index + 1,
+        last_tokens=ops.reshape(alive_tokens, (-1, 1)),
+        alive_seq=alive_seq,
+        alive_log_probs=alive_log_probs,
+        finished_seq=finished_seq,
+        finished_scores=finished_scores,
+        done=_sentences_done(state, alive_log_probs, finished_scores, settings),
+        cache=cache,
+    )
 
 
 def beam_search(
@@ -202,8 +387,8 @@ def beam_search(
     batch_size,
     max_length,
     *,
-    beam_size=DEFAULT_BEAM_SIZE,
-    alpha=DEFAULT_ALPHA,
+    beam_size=BEAM_SIZE,
+    alpha=LENGTH_PENALTY,
     sentence_max_lengths=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
@@ -219,16 +404,14 @@ def beam_search(
     even if the others end with EOS: those that do not end fill the alive set, and those
     ending with EOS within the `beam_size` best compete for the finished set. A sentence
     stops when its limit is reached (EOS is forced at its last position) or when no
-    alive beam can still beat its worst finished hypothesis (log-probabilities only fall
-    and, for alpha >= 0, the penalty only grows with length, so
-    `alive_log_prob / length_penalty(limit)` bounds an alive beam's future scores).
-    Later steps leave a stopped sentence's results unchanged, so a sentence decodes in a
-    batch exactly as alone. With `alpha = 0` and `beam_size = 1` this is greedy search;
-    with `alpha > 0` a beam of 1 keeps going past the EOS greedy takes while a longer
-    hypothesis could still score better, and returns the best scoring one.
+    alive beam can still beat its worst finished hypothesis. Later steps leave a stopped
+    sentence's results unchanged, so a sentence decodes in a batch exactly as alone.
+    With `alpha = 0` and `beam_size = 1` this is greedy search; with `alpha > 0` a beam
+    of 1 keeps going past the EOS greedy takes while a longer hypothesis could still
+    score better, and returns the best scoring one.
 
     `state` is tiled to `[B * beam_size, ...]` (`tile_beams`) and re-gathered by each
-    surviving beam's origin after every step.
+    surviving beam's origin after every step (`BeamState.cache`).
 
     Args:
         step_fn: `step_fn(token_ids int32 [B*K, 1], index int32 scalar, state) ->
@@ -236,8 +419,8 @@ def beam_search(
         state: nested structure of `[B, ...]` tensors.
         batch_size: int or int scalar tensor, B.
         max_length: int (or int scalar tensor in a TF graph), L.
-        beam_size: int, K. Defaults to 4 (6.1).
-        alpha: float >= 0, length penalty exponent. Defaults to 0.6 (6.1).
+        beam_size: int, K. Defaults to `BEAM_SIZE` (4, section 6.1).
+        alpha: float >= 0, length penalty exponent. Defaults to `LENGTH_PENALTY` (0.6).
         sentence_max_lengths: optional int `[B]`, each sentence's limit (capped at L).
         bos_id, eos_id, pad_id: special ids; default to `special_tokens`.
         return_all_beams: bool. Return all K finished hypotheses, best first, instead of
@@ -248,125 +431,72 @@ def beam_search(
         `return_all_beams`.
 
     Example:
-    >>> tokens, scores = beam_search(step_fn, caches, batch_size=2, max_length=20)
+    >>> logits = keras.ops.log(keras.ops.array([[.1, .1, .1, .5, .2]] * 2))  # EOS (3) likeliest
+    >>> step_fn = lambda token_ids, index, state: (logits, state)
+    >>> tokens, scores = beam_search(step_fn, (), batch_size=1, max_length=3, beam_size=2)
+    >>> keras.ops.convert_to_numpy(tokens).tolist()
+    [[3, 0, 0]]
     """
     _check_beam_arguments(beam_size, alpha)
-    k = beam_size
-    positions = ops.arange(max_length, dtype="int32")[None, None, :]
-    top_k_ranks = ops.less(ops.arange(2 * k), k)[None, :]  # [1, 2K]: within the K best
     limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
-    limits_per_beam = ops.repeat(limits, k, axis=0)[:, None]  # [B*K, 1]
-    # Only beam 0 starts alive, so the first step does not pick K copies of one token.
-    first_beam_only = ops.where(ops.equal(ops.arange(k), 0), 0.0, _NEG_INF)[None, :]
-    loop_vars = (
-        ops.convert_to_tensor(0, "int32"),  # index of the tokens fed next
-        ops.full((batch_size * k, 1), bos_id, dtype="int32"),  # tokens fed next
-        ops.zeros((batch_size, k, max_length), "int32"),  # alive sequences
-        ops.zeros((batch_size, k), "float32") + first_beam_only,  # alive log-probs
-        ops.zeros((batch_size, k, max_length), "int32"),  # finished sequences
-        ops.full((batch_size, k), _NEG_INF, dtype="float32"),  # finished scores
-        ops.zeros((batch_size,), "bool"),  # sentence stopped
-        tile_beams(state, k),
+    settings = _BeamSettings(
+        beam_size=beam_size,
+        alpha=alpha,
+        limits=limits,
+        limits_per_beam=ops.repeat(limits, beam_size, axis=0)[:, None],
+        positions=ops.arange(max_length, dtype="int32")[None, None, :],
+        eos_id=eos_id,
+        pad_id=pad_id,
+        bos_id=bos_id,
     )
 
-    def cond(index, last, alive_seq, alive_log_probs, finished_seq, finished_scores, done, state):
-        return ops.logical_and(ops.less(index, max_length), ops.logical_not(ops.all(done)))
+    def cond(s):
+        return ops.logical_and(ops.less(s.index, max_length), ops.logical_not(ops.all(s.done)))
 
-    def body(index, last, alive_seq, alive_log_probs, finished_seq, finished_scores, done, state):
-        logits, state = step_fn(last, index, state)
-        forced_eos = ops.greater_equal(index, limits_per_beam - 1)
-        log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id)
-        vocab = ops.shape(log_probs)[-1]
-        # [B, K, V] -> [B, K * V]: every extension of every alive beam of a sentence.
-        candidates = alive_log_probs[:, :, None] + ops.reshape(log_probs, (-1, k, vocab))
-        candidates = ops.reshape(candidates, (-1, k * vocab))
-        top_log_probs, top_ids = ops.top_k(candidates, k=2 * k)
-        top_ids = ops.cast(top_ids, "int32")
-        origins = top_ids // vocab  # [B, 2K]
-        top_tokens = top_ids - origins * vocab
-        top_seq = _gather_beams(_flatten_beams(alive_seq), origins, k)
-        top_seq = _write_column(top_seq, index, top_tokens[:, :, None], positions)
-        ends = ops.equal(top_tokens, eos_id)
+    def body(s):
+        return (_beam_step(step_fn, s, settings),)
 
-        # Alive: the K most probable extensions that did not end.
-        alive_log_probs, picked = ops.top_k(ops.where(ends, _NEG_INF, top_log_probs), k=k)
-        picked = ops.cast(picked, "int32")
-        alive_seq = _gather_beams(_flatten_beams(top_seq), picked, 2 * k)
-        alive_tokens = ops.take_along_axis(top_tokens, picked, axis=1)
-        alive_origins = ops.take_along_axis(origins, picked, axis=1)
-        origin_rows = ops.reshape(_beam_rows(alive_origins, k), (-1,))
-        state = tree.map_structure(lambda x: ops.take(x, origin_rows, axis=0), state)
-
-        # Finished: the K best length-penalised hypotheses so far (old ones first, so
-        # that a tie keeps the earlier, shorter one). Candidates are the EOS extensions
-        # among the K best, those a beam of K keeps (as fairseq and Hugging Face do;
-        # tensor2tensor takes all 2K): so a beam of 1 with alpha = 0 is greedy search.
-        finishes = ops.logical_and(ends, top_k_ranks)
-        new_scores = ops.where(finishes, top_log_probs / length_penalty(index + 1, alpha), _NEG_INF)
-        all_scores = ops.concatenate([finished_scores, new_scores], axis=1)
-        all_seq = ops.concatenate([finished_seq, top_seq], axis=1)
-        best_scores, best = ops.top_k(all_scores, k=k)
-        best_seq = _gather_beams(_flatten_beams(all_seq), ops.cast(best, "int32"), 3 * k)
-        finished_scores = ops.where(done[:, None], finished_scores, best_scores)
-        finished_seq = ops.where(done[:, None, None], finished_seq, best_seq)
-
-        best_alive_bound = alive_log_probs[:, 0] / length_penalty(limits, alpha)
-        hopeless = ops.less(best_alive_bound, finished_scores[:, -1])
-        done = ops.logical_or(done, ops.logical_or(ops.greater_equal(index + 1, limits), hopeless))
-        return (
-            index + 1,
-            ops.reshape(alive_tokens, (-1, 1)),
-            alive_seq,
-            alive_log_probs,
-            finished_seq,
-            finished_scores,
-            done,
-            state,
-        )
-
-    outputs = ops.while_loop(cond, body, loop_vars)
-    finished_seq, finished_scores = outputs[4], outputs[5]
-    reached = ops.greater(finished_scores, _NEG_INF)
-    finished_seq = ops.where(reached[:, :, None], finished_seq, 0)
+    initial = _initial_beam_state(state, batch_size, max_length, beam_size, bos_id)
+    # The state travels as a 1-tuple: `while_loop` unpacks a tuple into arguments.
+    (final,) = ops.while_loop(cond, body, (initial,))
+    reached = ops.greater(final.finished_scores, _NEG_INF)
+    finished_seq = ops.where(reached[:, :, None], final.finished_seq, 0)
     if return_all_beams:
-        return finished_seq, finished_scores
-    return finished_seq[:, 0], finished_scores[:, 0]
+        return finished_seq, final.finished_scores
+    return finished_seq[:, 0], final.finished_scores[:, 0]
 
 
 # ------------------------------------------------------------- model wrappers
-def decode_lengths(model, encoder_inputs, max_length=None, max_extra=None):
+def decode_lengths(model, encoder_inputs, max_length=None, max_extra=MAX_DECODE_EXTRA):
     """The output width L and the per-sentence limits `[B]` for decoding `encoder_inputs`.
 
     Without `max_length`: a sentence may produce its real (non-pad) source length +
-    `max_extra` tokens (default `config.max_decode_extra`, 50 in the paper, 6.1), and L
-    is the padded source length + `max_extra`; both are capped at
-    `config.max_length - 1` (BOS takes one of the model's positions). With `max_length`,
-    every sentence's limit and L are `max_length`.
+    `max_extra` tokens (default `MAX_DECODE_EXTRA`, 50 in the paper, 6.1), and L is the
+    padded source length + `max_extra`; both are capped at `config.max_length - 1` (BOS
+    takes one of the model's positions). With `max_length`, every sentence's limit and L
+    are `max_length`.
 
     Returns:
         `(width, limits)`: a Python int (a scalar tensor when the source length is
         dynamic, inside a TF graph) and int32 `[B]`.
     """
-    config = model.config
-    cap = config.max_length - 1
+    model_length = model.config.max_length
+    cap = model_length - 1
     if max_length is not None:
-        is_int = isinstance(max_length, int) and not isinstance(max_length, bool)
-        if not is_int or not 1 <= max_length <= cap:
+        if not checks.is_int(max_length) or not 1 <= max_length <= cap:
             raise ValueError(
                 f"`max_length` must be an integer in [1, {cap}] (the model's max_length "
-                f"{config.max_length} minus one position for BOS). Received: max_length={max_length!r}"
+                f"{model_length} minus one position for BOS). Received: max_length={max_length!r}"
             )
         return max_length, ops.full((ops.shape(encoder_inputs)[0],), max_length, dtype="int32")
-    extra = config.max_decode_extra if max_extra is None else max_extra
-    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
-        raise ValueError(f"`max_extra` must be an integer >= 0. Received: max_extra={extra!r}")
+    checks.check_non_negative_int("max_extra", max_extra)
     source_length = ops.shape(encoder_inputs)[1]
     if isinstance(source_length, int):
-        width = max(1, min(source_length + extra, cap))
+        width = max(1, min(source_length + max_extra, cap))
     else:  # dynamic in a TF graph: stays a tensor that XLA resolves from the input shape
-        width = ops.maximum(ops.minimum(source_length + extra, cap), 1)
+        width = ops.maximum(ops.minimum(source_length + max_extra, cap), 1)
     real_lengths = ops.sum(ops.cast(ops.not_equal(encoder_inputs, PAD_ID), "int32"), axis=1)
-    limits = ops.clip(real_lengths + extra, 1, cap)
+    limits = ops.clip(real_lengths + max_extra, 1, cap)
     return width, limits
 
 
@@ -390,7 +520,7 @@ def _cached_step_fn(model, cross_caches, encoder_padding_mask):
     return step_fn
 
 
-def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=None):
+def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECODE_EXTRA):
     """Greedy decoding of a `Transformer` through its key/value cache.
 
     Runs the encoder once, then `model.decode_step` one token at a time
@@ -401,14 +531,17 @@ def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=None):
         encoder_inputs: int `[B, S]` source ids, padded with 0.
         max_length: optional int, a fixed limit for every sentence instead of the
             paper's source length + `max_extra`.
-        max_extra: optional int, defaults to `model.config.max_decode_extra` (50).
+        max_extra: int >= 0. Defaults to `MAX_DECODE_EXTRA` (50, section 6.1).
 
     Returns:
         `(tokens int32 [B, L], scores float32 [B])`: tokens end with EOS, then 0;
         scores are summed log-probabilities.
 
     Example:
-    >>> tokens, scores = greedy_decode(model, keras.ops.array([[5, 6, 7, 0]]))
+
+    ```python
+    tokens, scores = greedy_decode(model, keras.ops.array([[5, 6, 7, 0]]))
+    ```
     """
     encoder_inputs = _check_encoder_inputs(encoder_inputs)
     width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
@@ -423,7 +556,7 @@ def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=None):
     )
 
 
-def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=None):
+def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECODE_EXTRA):
     """Greedy decoding that reruns the whole decoder over the prefix at every step.
 
     The reference for `greedy_decode` (same arguments and results) and the no-cache
@@ -454,11 +587,11 @@ def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=
 def beam_decode(
     model,
     encoder_inputs,
-    beam_size=None,
-    alpha=None,
+    beam_size=BEAM_SIZE,
+    alpha=LENGTH_PENALTY,
     max_length=None,
     *,
-    max_extra=None,
+    max_extra=MAX_DECODE_EXTRA,
     return_all_beams=False,
 ):
     """Beam search decoding of a `Transformer` through its key/value cache (6.1).
@@ -471,10 +604,10 @@ def beam_decode(
     Args:
         model: a `keras_transformer.Transformer`.
         encoder_inputs: int `[B, S]` source ids, padded with 0.
-        beam_size: int, defaults to `model.config.beam_size` (4).
-        alpha: float, defaults to `model.config.length_penalty` (0.6).
+        beam_size: int, K. Defaults to `BEAM_SIZE` (4, section 6.1).
+        alpha: float >= 0. Defaults to `LENGTH_PENALTY` (0.6, section 6.1).
         max_length: optional int, a fixed limit for every sentence.
-        max_extra: optional int, defaults to `model.config.max_decode_extra` (50).
+        max_extra: int >= 0. Defaults to `MAX_DECODE_EXTRA` (50, section 6.1).
         return_all_beams: bool, return all `beam_size` hypotheses, best first.
 
     Returns:
@@ -482,11 +615,11 @@ def beam_decode(
         are log-probabilities divided by `((5 + len) / 6) ** alpha`.
 
     Example:
-    >>> tokens, scores = beam_decode(model, keras.ops.array([[5, 6, 7, 0]]))
+
+    ```python
+    tokens, scores = beam_decode(model, keras.ops.array([[5, 6, 7, 0]]))
+    ```
     """
-    config = model.config
-    beam_size = config.beam_size if beam_size is None else beam_size
-    alpha = config.length_penalty if alpha is None else alpha
     _check_beam_arguments(beam_size, alpha)
     encoder_inputs = _check_encoder_inputs(encoder_inputs)
     width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
@@ -508,8 +641,12 @@ def beam_decode(
 
 
 __all__ = [
-    "DEFAULT_BEAM_SIZE",
-    "DEFAULT_ALPHA",
+    "BEAM_SIZE",
+    "LENGTH_PENALTY",
+    "MAX_DECODE_EXTRA",
+    "DECODE_METHODS",
+    "GreedyState",
+    "BeamState",
     "length_penalty",
     "greedy_search",
     "beam_search",

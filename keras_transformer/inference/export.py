@@ -24,13 +24,12 @@ under JAX or PyTorch is exported by loading its `.keras` file (or its
 
 import os
 import re
-import shutil
-import uuid
 import warnings
 
 import keras
 
 from keras_transformer import checks
+from keras_transformer.atomic import write_directory_atomically
 from keras_transformer.inference import decoding
 from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
@@ -258,40 +257,6 @@ def _check_name(name):
         )
 
 
-def write_directory_atomically(target, write, *, overwrite=False):
-    """Calls `write(temporary)` and renames the directory it filled to `target`.
-
-    The temporary directory is hidden (`.<name>.tmp-<random>`) beside `target`, so TF
-    Serving, which only loads integer-named versions, never sees a half-written one,
-    and if `write` raises, `target` is left as it was and the temporary is removed.
-    An existing `target` is replaced only with `overwrite`: it is moved aside, the new
-    one renamed in, and then the old one deleted.
-
-    Raises:
-        FileExistsError: `target` exists (checked before and after writing) and
-            `overwrite` is False.
-    """
-    if os.path.exists(target) and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
-    parent, name = os.path.split(os.path.abspath(target))
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        write(temporary)
-        if not os.path.exists(target):
-            os.rename(temporary, target)
-            return
-        if not overwrite:  # appeared while we were writing
-            raise FileExistsError(f"{target} already exists; pass overwrite=True to replace it.")
-        # A directory cannot be renamed onto a non-empty one: move the old one aside.
-        retired = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex[:12]}")
-        os.rename(target, retired)
-        os.rename(temporary, target)
-        shutil.rmtree(retired, ignore_errors=True)
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
-
-
 __all__ = [
     "DEFAULT_BASE_DIR",
     "DEFAULT_NAME",
@@ -303,5 +268,4 @@ __all__ = [
     "next_version",
     "saved_model_op_types",
     "translate_with_saved_model",
-    "write_directory_atomically",
 ]

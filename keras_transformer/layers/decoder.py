@@ -5,7 +5,7 @@ import keras
 from keras_transformer.layers import masks
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.residual import ResidualBlock
-from keras_transformer.checks import clone_initializer
+from keras_transformer.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -38,7 +38,7 @@ class DecoderBlock(ResidualBlock):
 
     Example:
     >>> block = DecoderBlock(num_heads=2, intermediate_dim=16)
-    >>> block(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(block(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape)
     (2, 4, 8)
     """
 
@@ -97,51 +97,33 @@ class DecoderBlock(ResidualBlock):
         cross_mask = (
             None if encoder_padding_mask is None else masks.key_padding_mask(encoder_padding_mask)
         )
-        new_cache = [None]
-        scores = {}
-
-        def self_attend(x):
-            result = self.self_attention(
-                x,
-                x,
-                attention_mask=self_mask,
-                cache=self_attention_cache,
-                cache_update_index=self_attention_cache_update_index,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            result = result if isinstance(result, tuple) else (result,)
-            if self_attention_cache is not None:
-                new_cache[0] = result[-1]
-            if return_attention_scores:
-                scores["self_attention"] = result[1]
-            return result[0], None
-
-        def cross_attend(x):
-            result = self.cross_attention(
-                x,
-                encoder_outputs,
-                attention_mask=cross_mask,
-                cache=cross_attention_cache,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            result = result if isinstance(result, tuple) else (result,)
-            if return_attention_scores:
-                scores["cross_attention"] = result[1]
-            return result[0], None
-
-        x, _ = self._sublayer(
-            inputs, self.self_attention_norm, self.self_attention_dropout, self_attend, training
+        x, self_scores, new_cache = self._attention_sublayer(
+            inputs,
+            self.self_attention,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            attention_mask=self_mask,
+            cache=self_attention_cache,
+            cache_update_index=self_attention_cache_update_index,
+            return_attention_scores=return_attention_scores,
+            training=training,
         )
-        x, _ = self._sublayer(
-            x, self.cross_attention_norm, self.cross_attention_dropout, cross_attend, training
+        x, cross_scores, _ = self._attention_sublayer(
+            x,
+            self.cross_attention,
+            self.cross_attention_norm,
+            self.cross_attention_dropout,
+            context=encoder_outputs,
+            attention_mask=cross_mask,
+            cache=cross_attention_cache,
+            return_attention_scores=return_attention_scores,
+            training=training,
         )
         x = self._feed_forward_sublayer(x, training)
 
         results = (x,)
         if return_attention_scores:
-            results += (scores,)
+            results += ({"self_attention": self_scores, "cross_attention": cross_scores},)
         if self_attention_cache is not None:
-            results += (new_cache[0],)
+            results += (new_cache,)
         return results[0] if len(results) == 1 else results

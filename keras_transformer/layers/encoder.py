@@ -5,7 +5,7 @@ import keras
 from keras_transformer.layers import masks
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.residual import ResidualBlock
-from keras_transformer.checks import clone_initializer
+from keras_transformer.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -27,7 +27,7 @@ class EncoderBlock(ResidualBlock):
 
     Example:
     >>> block = EncoderBlock(num_heads=2, intermediate_dim=16)
-    >>> block(keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(block(keras.ops.ones((2, 5, 8))).shape)
     (2, 5, 8)
     """
 
@@ -51,19 +51,14 @@ class EncoderBlock(ResidualBlock):
 
     def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
         attention_mask = None if padding_mask is None else masks.key_padding_mask(padding_mask)
-
-        def attend(x):
-            result = self.self_attention(
-                x,
-                x,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            return result if return_attention_scores else (result, None)
-
-        x, scores = self._sublayer(
-            inputs, self.self_attention_norm, self.self_attention_dropout, attend, training
+        x, scores, _ = self._attention_sublayer(
+            inputs,
+            self.self_attention,
+            self.self_attention_norm,
+            self.self_attention_dropout,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
         )
         x = self._feed_forward_sublayer(x, training)
         return (x, scores) if return_attention_scores else x

@@ -3,7 +3,12 @@
 import keras
 
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
-from keras_transformer.checks import check_positive_int, check_rate, clone_initializer
+from keras_transformer.checks import check_positive_int, check_rate
+from keras_transformer.layers.initializers import clone_initializer
+
+# Default `context` of `_attention_sublayer`: attend to the sub-layer input itself. A
+# sentinel, because None is a valid cross-attention context (its cache holds the keys).
+_SELF = object()
 
 
 class ResidualBlock(keras.layers.Layer):
@@ -93,10 +98,10 @@ class ResidualBlock(keras.layers.Layer):
         self.feed_forward_dropout = self._build_dropout("feed_forward_dropout")
 
     def _sublayer(self, x, norm, dropout, sublayer, training):
-        """Applies `sublayer` inside the residual connection.
+        """Applies `sublayer` inside the residual connection: returns `(x, extras)`.
 
-        `sublayer` maps the (possibly normalized) input to `(output, extras)`; extras
-        (attention scores, caches) are passed through untouched.
+        `sublayer` maps the (possibly normalized) input to `(outputs, extras)`; extras
+        (attention scores, caches) are handed back to the caller untouched.
         """
         inputs = norm(x) if self.norm_first else x
         outputs, extras = sublayer(inputs)
@@ -105,12 +110,52 @@ class ResidualBlock(keras.layers.Layer):
             x = norm(x)
         return x, extras
 
+    def _attention_sublayer(
+        self,
+        x,
+        attention,
+        norm,
+        dropout,
+        context=_SELF,
+        attention_mask=None,
+        cache=None,
+        cache_update_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        """Attention inside the residual connection: returns `(x, scores, cache)`.
+
+        Self-attention by default (queries, keys and values are the sub-layer input);
+        with `context`, cross-attention to it: the encoder output `[B, S, D]`, or None
+        when `cache` already holds its keys and values. `scores` is None unless
+        `return_attention_scores`; `cache` is the updated cache, None without one.
+        """
+
+        def attend(inputs):
+            result = attention(
+                inputs,
+                inputs if context is _SELF else context,
+                attention_mask=attention_mask,
+                cache=cache,
+                cache_update_index=cache_update_index,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            # MultiHeadAttention returns outputs, then scores if asked, then the cache if given.
+            result = result if isinstance(result, tuple) else (result,)
+            scores = result[1] if return_attention_scores else None
+            new_cache = result[-1] if cache is not None else None
+            return result[0], (scores, new_cache)
+
+        x, (scores, new_cache) = self._sublayer(x, norm, dropout, attend, training)
+        return x, scores, new_cache
+
     def _feed_forward_sublayer(self, x, training):
         x, _ = self._sublayer(
             x,
             self.feed_forward_norm,
             self.feed_forward_dropout,
-            lambda y: (self.feed_forward(y, training=training), None),
+            lambda inputs: (self.feed_forward(inputs, training=training), None),
             training,
         )
         return x

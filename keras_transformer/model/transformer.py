@@ -5,14 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.model.config import TransformerConfig
-from keras_transformer.layers import masks
-from keras_transformer.layers.decoder import DecoderBlock
-from keras_transformer.layers.embedding import (
-    LearnedPositionEmbedding,
-    SinusoidalPositionEncoding,
-    TokenEmbedding,
-)
-from keras_transformer.layers.encoder import EncoderBlock
+from keras_transformer.model.stacks import build_stacks
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -26,8 +19,9 @@ class Transformer(keras.Model):
     Besides the functional graph used by `fit`/`predict`, the model exposes the pieces
     that decoding needs, built from the very same layer objects: `encode`,
     `initial_cache` and `decode_step` (one token at a time through the key/value cache).
-    The stacks are reachable as `encoder_layers` / `decoder_layers` and by name
-    (`model.get_layer("decoder_layer_0")`).
+    The layers are grouped into `encoder_stack` and `decoder_stack` (plain objects that
+    run them in order, see `keras_transformer.model.stacks`); the blocks are reachable as
+    `encoder_layers` / `decoder_layers` and by name (`model.get_layer("decoder_layer_0")`).
 
     Args:
         config: `TransformerConfig` (or its dict form, as stored by `get_config`).
@@ -37,7 +31,7 @@ class Transformer(keras.Model):
     >>> model = Transformer(config)
     >>> logits = model({"encoder_inputs": keras.ops.ones((2, 5), "int32"),
     ...                 "decoder_inputs": keras.ops.ones((2, 4), "int32")})
-    >>> logits.shape
+    >>> tuple(logits.shape)
     (2, 4, 32)
     """
 
@@ -50,12 +44,12 @@ class Transformer(keras.Model):
             )
         dtype = kwargs.pop("dtype", None) or config.dtype_policy
         dtype = keras.dtype_policies.get(dtype) if dtype else keras.config.dtype_policy()
-        layers = _build_layers(config, dtype)
+        encoder_stack, decoder_stack = build_stacks(config, dtype)
 
         encoder_inputs = keras.Input(shape=(None,), dtype="int32", name="encoder_inputs")
         decoder_inputs = keras.Input(shape=(None,), dtype="int32", name="decoder_inputs")
-        encoder_outputs, encoder_mask = _encode(layers, config, encoder_inputs, training=None)
-        logits = _decode(layers, config, decoder_inputs, encoder_outputs, encoder_mask, None)
+        encoder_outputs, encoder_mask = encoder_stack(encoder_inputs)
+        logits = decoder_stack(decoder_inputs, encoder_outputs, encoder_mask)
         super().__init__(
             inputs={"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs},
             outputs=logits,
@@ -63,7 +57,9 @@ class Transformer(keras.Model):
             **kwargs,
         )
         self.config = config
-        self._layers_by_role = layers
+        # Plain objects: Keras tracks the layers through the functional graph only.
+        self.encoder_stack = encoder_stack
+        self.decoder_stack = decoder_stack
 
     def call(self, inputs, training=None, mask=None):
         # Eager calls check token ids: out-of-range ids would otherwise give NaN logits
@@ -76,26 +72,37 @@ class Transformer(keras.Model):
                     check_token_ids(inputs[key], self.config.vocab_size, name=key)
         return super().call(inputs, training=training, mask=mask)
 
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit`, with `shuffle` defaulting to False for datasets.
+
+        A dataset (`tf.data`, a `PyDataset`, a DataLoader) is shuffled by whoever built
+        it (`keras_transformer.data.make_dataset` shuffles, seeded); Keras ignores
+        `shuffle` for it and warns on every call about its default of True. Arrays keep
+        Keras' default (shuffled). An explicit `shuffle=` is passed through unchanged.
+        """
+        shuffle_given = "shuffle" in kwargs or len(args) >= _FIT_SHUFFLE_POSITION
+        if not shuffle_given and _is_dataset(x):
+            kwargs["shuffle"] = False
+        return super().fit(x, y, *args, **kwargs)
+
     # ----------------------------------------------------------------- pieces
     @property
     def encoder_layers(self):
-        return list(self._layers_by_role["encoder_layers"])
+        """The `EncoderBlock`s, first to last."""
+        return list(self.encoder_stack.blocks)
 
     @property
     def decoder_layers(self):
-        return list(self._layers_by_role["decoder_layers"])
+        """The `DecoderBlock`s, first to last."""
+        return list(self.decoder_stack.blocks)
 
     def encode(self, encoder_inputs, training=False, return_attention_scores=False):
         """Runs the encoder stack: `(outputs [B, S, D], padding_mask [B, S])`.
 
         With `return_attention_scores`, also a list of `[B, N, S, S]` per layer.
         """
-        return _encode(
-            self._layers_by_role,
-            self.config,
-            encoder_inputs,
-            training=training,
-            return_attention_scores=return_attention_scores,
+        return self.encoder_stack(
+            encoder_inputs, training=training, return_attention_scores=return_attention_scores
         )
 
     def decode(
@@ -107,13 +114,11 @@ class Transformer(keras.Model):
         return_attention_scores=False,
     ):
         """Teacher-forced decoder pass: logits `[B, T, vocab]` (plus scores if asked)."""
-        return _decode(
-            self._layers_by_role,
-            self.config,
+        return self.decoder_stack(
             decoder_inputs,
             encoder_outputs,
             encoder_padding_mask,
-            training,
+            training=training,
             return_attention_scores=return_attention_scores,
         )
 
@@ -140,22 +145,9 @@ class Transformer(keras.Model):
         Returns `(logits [B, vocab] float32, self_caches)` with this step's keys and
         values written at `index`. Equal to the teacher-forced `decode` at that position.
         """
-        layers = self._layers_by_role
-        x = _embed(layers, "decoder", token_ids, start_index=index, training=False)
-        new_caches = []
-        for layer, self_cache, cross_cache in zip(layers["decoder_layers"], self_caches, cross_caches):
-            x, self_cache = layer(
-                x,
-                None,
-                encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=self_cache,
-                self_attention_cache_update_index=index,
-                cross_attention_cache=cross_cache,
-                training=False,
-            )
-            new_caches.append(self_cache)
-        logits = _output_logits(layers, self.config, x)
-        return logits[:, -1, :], tuple(new_caches)
+        return self.decoder_stack.step(
+            token_ids, index, self_caches, cross_caches, encoder_padding_mask
+        )
 
     # ------------------------------------------------------------ serialization
     def get_config(self):
@@ -188,6 +180,16 @@ def check_token_ids(token_ids, vocab_size, name="token_ids"):
         )
 
 
+# `shuffle` is the 7th argument of `keras.Model.fit` after x and y (batch_size, epochs,
+# verbose, callbacks, validation_split, validation_data, shuffle).
+_FIT_SHUFFLE_POSITION = 7
+
+
+def _is_dataset(x):
+    """True for batched data objects (tf.data, PyDataset, generators), not for arrays."""
+    return x is not None and not hasattr(x, "shape") and not isinstance(x, (dict, list, tuple))
+
+
 def _is_concrete(x):
     """True for a value known now (NumPy, eager TF, JAX array, torch tensor), False when traced."""
     if isinstance(x, (np.ndarray, list, tuple)):
@@ -204,120 +206,3 @@ def _is_concrete(x):
 def build_transformer(config):
     """Builds the functional Transformer described by `config` (a `TransformerConfig`)."""
     return Transformer(config)
-
-
-# ------------------------------------------------------------------ internals
-def _build_layers(config, dtype):
-    def embedding(name):
-        return TokenEmbedding(config.vocab_size, config.d_model, dtype=dtype, name=name)
-
-    def positions(name):
-        if config.position_encoding == "learned":
-            return LearnedPositionEmbedding(config.max_length, dtype=dtype, name=name)
-        return SinusoidalPositionEncoding(config.max_length, dtype=dtype, name=name)
-
-    block_args = dict(
-        num_heads=config.num_heads,
-        intermediate_dim=config.d_ff,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        norm_first=config.norm_first,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        dtype=dtype,
-    )
-    layers = {}
-    if config.share_embeddings:
-        # One matrix for source, target and the pre-softmax projection (3.4).
-        shared = embedding("token_embedding")
-        layers["encoder_embedding"] = layers["decoder_embedding"] = shared
-        layers["output_projection"] = None
-    else:
-        layers["encoder_embedding"] = embedding("encoder_token_embedding")
-        layers["decoder_embedding"] = embedding("decoder_token_embedding")
-        layers["output_projection"] = keras.layers.Dense(
-            config.vocab_size, dtype=dtype, name="output_projection"
-        )
-    for side, count, block in (
-        ("encoder", config.num_encoder_layers, EncoderBlock),
-        ("decoder", config.num_decoder_layers, DecoderBlock),
-    ):
-        layers[f"{side}_positions"] = positions(f"{side}_position_encoding")
-        layers[f"{side}_dropout"] = keras.layers.Dropout(
-            config.dropout, dtype=dtype, name=f"{side}_embedding_dropout"
-        )
-        layers[f"{side}_layers"] = [
-            block(**block_args, name=f"{side}_layer_{i}") for i in range(count)
-        ]
-        # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes it.
-        layers[f"{side}_final_norm"] = (
-            keras.layers.LayerNormalization(
-                epsilon=config.layer_norm_epsilon, dtype=dtype, name=f"{side}_final_norm"
-            )
-            if config.norm_first
-            else None
-        )
-    return layers
-
-
-def _embed(layers, side, token_ids, start_index=0, training=None):
-    x = layers[f"{side}_embedding"](token_ids)
-    x = x + layers[f"{side}_positions"](x, start_index=start_index)
-    return layers[f"{side}_dropout"](x, training=training)
-
-
-def _encode(layers, config, encoder_inputs, training, return_attention_scores=False):
-    padding_mask = masks.padding_mask(encoder_inputs)
-    x = _embed(layers, "encoder", encoder_inputs, training=training)
-    all_scores = []
-    for layer in layers["encoder_layers"]:
-        x = layer(
-            x,
-            padding_mask=padding_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
-        )
-        if return_attention_scores:
-            x, scores = x
-            all_scores.append(scores)
-    if layers["encoder_final_norm"] is not None:
-        x = layers["encoder_final_norm"](x)
-    if return_attention_scores:
-        return x, padding_mask, all_scores
-    return x, padding_mask
-
-
-def _decode(
-    layers,
-    config,
-    decoder_inputs,
-    encoder_outputs,
-    encoder_padding_mask,
-    training,
-    return_attention_scores=False,
-):
-    decoder_mask = masks.padding_mask(decoder_inputs)
-    x = _embed(layers, "decoder", decoder_inputs, training=training)
-    all_scores = []
-    for layer in layers["decoder_layers"]:
-        x = layer(
-            x,
-            encoder_outputs,
-            decoder_padding_mask=decoder_mask,
-            encoder_padding_mask=encoder_padding_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
-        )
-        if return_attention_scores:
-            x, scores = x
-            all_scores.append(scores)
-    logits = _output_logits(layers, config, x)
-    return (logits, all_scores) if return_attention_scores else logits
-
-
-def _output_logits(layers, config, x):
-    if layers["decoder_final_norm"] is not None:
-        x = layers["decoder_final_norm"](x)
-    if layers["output_projection"] is None:
-        return layers["decoder_embedding"](x, reverse=True)  # float32 logits
-    return ops.cast(layers["output_projection"](x), "float32")

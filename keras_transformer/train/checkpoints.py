@@ -39,8 +39,11 @@ def latest_checkpoints(directory, k=CHECKPOINTS_TO_AVERAGE):
         FileNotFoundError: `directory` does not exist.
 
     Example:
-    >>> latest_checkpoints("saved_models/demo/checkpoints", 2)
-    ['saved_models/demo/checkpoints/epoch_009.weights.h5', '.../epoch_010.weights.h5']
+
+    ```python
+    latest_checkpoints("saved_models/demo/checkpoints", 2)
+    # ['saved_models/demo/checkpoints/epoch_009.weights.h5', '.../epoch_010.weights.h5']
+    ```
     """
     checks.check_positive_int("k", k)
     directory = os.fspath(directory)
@@ -87,8 +90,11 @@ def average_checkpoints(model, paths):
         The same `model`, with averaged weights.
 
     Example:
-    >>> average_checkpoints(model, latest_checkpoints("saved_models/base/checkpoints", 5))
-    >>> model.save("saved_models/base/model_averaged.keras")
+
+    ```python
+    average_checkpoints(model, latest_checkpoints("saved_models/base/checkpoints", 5))
+    model.save("saved_models/base_averaged/model.keras")  # kt-average-checkpoints does all this
+    ```
     """
     paths = [os.fspath(path) for path in paths]
     if not paths:
@@ -138,11 +144,13 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=N
         ValueError: `output_dir` is `model_dir` itself.
 
     Example:
-    >>> average_model_directory("saved_models/base", last=5)
-    ('saved_models/base_averaged', [...epoch_016..., ..., ...epoch_020...])
+
+    ```python
+    average_model_directory("saved_models/base", last=5)
+    # ('saved_models/base_averaged', [...epoch_016..., ..., ...epoch_020...])
+    ```
     """
     # Imported here, so that training (which imports this module) does not load the export code.
-    from keras_transformer.inference.export import write_directory_atomically
     from keras_transformer.model import directory as model_directory
 
     checks.check_positive_int("last", last)

@@ -1,0 +1,225 @@
+"""What several `kt-*` commands share.
+
+- `setup_environment()`: quiets TensorFlow's C++ logging. Each command's `main` calls it
+  first; to take effect it must run before Keras is imported (Keras imports TensorFlow
+  on its backend, and JAX, which sets its own default level), so the package's
+  `__init__` calls it first where `is_command_process()`.
+- `add_config_arguments` / `read_run_config`: `--config FILE` and `--set KEY=VALUE`
+  (kt-train, kt-demo).
+- `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
+  `--length-penalty`, `--max-extra`, `--batch-size` (kt-translate, kt-evaluate,
+  kt-export), with the paper's defaults defined once in `inference.decoding`.
+- `write_metrics`: scores as `MODEL_DIR/metrics.json` (kt-evaluate, kt-demo).
+
+This module imports only the standard library at its top, so that the package can
+import it before Keras.
+"""
+
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+
+# The commands, by their module in this package; `kt-<name>` runs `<module>.main`.
+COMMANDS = ("train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo")
+
+# TensorFlow's C++ log level, read once when TensorFlow is loaded: 3 drops its INFO,
+# WARNING and ERROR lines, among them the CUDA probes a machine without a GPU prints
+# ("failed call to cuInit: ... (303)", "Unable to register cuDNN factory"), which are
+# ERRORs and so survive level 2. Python exceptions and warnings are not affected.
+TF_CPP_MIN_LOG_LEVEL = "3"
+
+# A C++ log line's severity letter, in absl's format ("I0000 00:00:1795.1  123 port.cc:153] ")
+# and in the older tsl one ("2025-09-17 14:44:05.157831: I external/.../cudart_stub.cc:32] ").
+_LOG_LINE = re.compile(
+    r"^(?:([IWE])\d{4} [\d:.]+\s+\d+ |\d{4}-\d\d-\d\d [\d:.]+: ([IWE]) )[^\s\]]+:\d+\] "
+)
+_ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_SEVERITY = {"I": 0, "W": 1, "E": 2}  # a level of N drops the severities below N
+
+
+def is_command_process():
+    """Whether this process runs a `kt-*` command.
+
+    True for the console scripts (`.venv/bin/kt-translate`) and for
+    `python -m training.translate` from a clone: what `sys.argv[0]` names.
+    """
+    argv = getattr(sys, "argv", None) or [""]
+    program = os.path.normpath(str(argv[0]))
+    stem = os.path.splitext(os.path.basename(program))[0]
+    in_training = os.path.basename(os.path.dirname(program)) == "training"
+    return stem.startswith("kt-") or (in_training and stem in COMMANDS)
+
+
+def setup_environment():
+    """Sets TensorFlow's C++ log level unless the user set one (their value wins).
+
+    TensorFlow reads the variable when it loads, so this also imports TensorFlow (every
+    command needs it, if only for the tokenizer), through `tensorflow_log_filter`:
+    the lines its libraries log while loading, before they read the level ("All log
+    messages before absl::InitializeLog() ...", "Could not find cuda drivers ...";
+    tensorflow/tensorflow#100442), are dropped as the level says. Where TensorFlow is
+    already imported, this only sets the variable, which then changes nothing; where
+    JAX is, the variable holds the "1" JAX sets, so ERRORs such as the cuInit probe stay.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_CPP_MIN_LOG_LEVEL)
+    if "tensorflow" not in sys.modules:
+        with tensorflow_log_filter():
+            import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def tensorflow_log_filter():
+    """Drops the C++ log lines that `TF_CPP_MIN_LOG_LEVEL` says to drop from stderr.
+
+    Everything written to file descriptor 2 inside the block (by C++ or Python) is held
+    in a temporary file and written back when the block ends, whether it raised or not,
+    minus the lines in TensorFlow's log format whose severity is below the level
+    (1 drops INFO, 2 also WARNING, 3 also ERROR; FATAL is always kept). Any other line,
+    a Python traceback or warning among them, is written back unchanged and in order.
+    A level of 0 or unset, or no stderr to redirect, makes this a no-op.
+    """
+    level, saved = _log_level(), None
+    if level > 0 and sys.stderr is not None:
+        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # no file descriptor 2: nothing to filter
+            saved = os.dup(2)
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode("utf-8", "replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not _below_level(line, level)))
+            sys.stderr.flush()
+
+
+def _log_level():
+    """`TF_CPP_MIN_LOG_LEVEL` as an int; 0 (drop nothing) when unset or not a number."""
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
+
+
+def _below_level(line, level):
+    """Whether `line` is a TensorFlow C++ log line that `level` drops."""
+    if line.rstrip("\r\n") == _ABSL_PREAMBLE:
+        return _SEVERITY["W"] < level
+    match = _LOG_LINE.match(line)
+    return bool(match) and _SEVERITY[match.group(1) or match.group(2)] < level
+
+
+# ------------------------------------------------------------------------ run config
+def add_config_arguments(parser, *, default_config=None):
+    """Adds `--config FILE` (required unless `default_config`) and `--set KEY=VALUE`."""
+    if default_config is None:
+        parser.add_argument("--config", required=True, help="TOML run config, e.g. training/configs/demo.toml")
+    else:
+        parser.add_argument("--config", default=default_config, help=f"TOML run config (default: {default_config})")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set epochs=3 --set model.d_model=256 "
+        "--set training.warmup_steps=400 (repeatable)",
+    )
+
+
+def read_run_config(parser, args):
+    """The `RunConfig` of `args.config` with `args.overrides`; a bad one ends via `parser.error`."""
+    from keras_transformer.train.run_config import RunConfig
+
+    try:
+        return RunConfig.from_toml(args.config, args.overrides)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+
+
+def overrides_set(args, key):
+    """Whether one of the `--set` overrides assigns `key` (e.g. "overwrite")."""
+    return any(assignment.partition("=")[0].strip() == key for assignment in args.overrides)
+
+
+# ------------------------------------------------------------------------- decoding
+def add_decoding_arguments(parser, *, batch_size=True):
+    """Adds the search arguments; `batch_size=False` leaves `--batch-size` out (kt-export)."""
+    from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
+
+    group = parser.add_argument_group("decoding (Vaswani et al., 2017, section 6.1)")
+    search = group.add_mutually_exclusive_group()
+    search.add_argument(
+        "--beam-size", type=int, default=BEAM_SIZE, help=f"beams per sentence (default {BEAM_SIZE})"
+    )
+    search.add_argument("--greedy", action="store_true", help="greedy search (the same as --beam-size 1)")
+    group.add_argument(
+        "--length-penalty",
+        type=float,
+        default=LENGTH_PENALTY,
+        help=f"alpha of the beam search length penalty (default {LENGTH_PENALTY})",
+    )
+    group.add_argument(
+        "--max-extra",
+        type=int,
+        default=MAX_DECODE_EXTRA,
+        help=f"output tokens allowed beyond the source length (default {MAX_DECODE_EXTRA})",
+    )
+    if batch_size:
+        from keras_transformer.inference.translator import DEFAULT_BATCH_SIZE
+
+        group.add_argument(
+            "--batch-size",
+            type=int,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"most sentences decoded together (default {DEFAULT_BATCH_SIZE})",
+        )
+
+
+def decoding_settings(args):
+    """The `Translator` (or, without `--batch-size`, `export_saved_model`) keyword arguments."""
+    settings = {
+        "beam_size": 1 if args.greedy else args.beam_size,
+        "length_penalty": args.length_penalty,
+        "max_extra": args.max_extra,
+    }
+    if hasattr(args, "batch_size"):
+        settings["batch_size"] = args.batch_size
+    return settings
+
+
+# -------------------------------------------------------------------------- metrics
+def write_metrics(model_dir, metrics):
+    """Writes `metrics` (a dict of numbers) as `model_dir/metrics.json`; returns the path.
+
+    Written atomically: a reader sees the previous file or the new one, never half.
+    """
+    from keras_transformer.atomic import write_bytes_atomically
+    from keras_transformer.model.directory import METRICS_FILE
+
+    text = json.dumps(metrics, indent=2, sort_keys=True) + "\n"
+    return write_bytes_atomically(os.path.join(os.fspath(model_dir), METRICS_FILE), text.encode("utf-8"))
+
+
+__all__ = [
+    "COMMANDS",
+    "is_command_process",
+    "setup_environment",
+    "tensorflow_log_filter",
+    "add_config_arguments",
+    "read_run_config",
+    "overrides_set",
+    "add_decoding_arguments",
+    "decoding_settings",
+    "write_metrics",
+]

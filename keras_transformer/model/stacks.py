@@ -1,0 +1,219 @@
+"""The encoder and decoder stacks of the Transformer (Vaswani et al., 2017, 3.1).
+
+Each stack is a plain Python object that holds its Keras layers (token embedding,
+position encoding, embedding dropout, N blocks, the final LayerNorm of pre-norm models,
+and for the decoder the pre-softmax projection) and runs them in order. They are
+deliberately not Keras layers: the `Transformer` model owns the layers, so their names
+(`token_embedding`, `encoder_layer_0`, `decoder_final_norm`, ...) and the weights files
+of earlier versions stay valid; a stack only says how the layers are wired.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers import masks
+from keras_transformer.layers.decoder import DecoderBlock
+from keras_transformer.layers.embedding import (
+    LearnedPositionEmbedding,
+    SinusoidalPositionEncoding,
+    TokenEmbedding,
+)
+from keras_transformer.layers.encoder import EncoderBlock
+
+
+class _Stack:
+    """What both stacks share: embed the ids, run the blocks, close with the final norm."""
+
+    def __init__(
+        self, token_embedding, position_encoding, embedding_dropout, blocks, final_norm=None
+    ):
+        self.token_embedding = token_embedding
+        self.position_encoding = position_encoding
+        self.embedding_dropout = embedding_dropout
+        self.blocks = list(blocks)
+        self.final_norm = final_norm
+
+    def embed(self, token_ids, start_index=0, training=None):
+        """Token embeddings plus positions from `start_index`, then dropout (3.4, 3.5, 5.4)."""
+        x = self.token_embedding(token_ids)
+        x = x + self.position_encoding(x, start_index=start_index)
+        return self.embedding_dropout(x, training=training)
+
+    def normalize(self, x):
+        """The final LayerNorm of a pre-norm stack; identity for the paper's post-norm."""
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+class EncoderStack(_Stack):
+    """Embedding, positions, dropout, N `EncoderBlock`s and the optional final norm.
+
+    Calling it with source ids `[B, S]` returns `(outputs [B, S, D], padding_mask [B, S])`,
+    the mask derived from the ids (pad id 0); with `return_attention_scores`, also a
+    list of `[B, N, S, S]` probabilities per block.
+    """
+
+    def __call__(self, token_ids, training=None, return_attention_scores=False):
+        padding_mask = masks.padding_mask(token_ids)
+        x = self.embed(token_ids, training=training)
+        all_scores = []
+        for block in self.blocks:
+            x = block(
+                x,
+                padding_mask=padding_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if return_attention_scores:
+                x, scores = x
+                all_scores.append(scores)
+        x = self.normalize(x)
+        if return_attention_scores:
+            return x, padding_mask, all_scores
+        return x, padding_mask
+
+
+class DecoderStack(_Stack):
+    """Embedding, positions, dropout, N `DecoderBlock`s, the optional final norm, logits.
+
+    Calling it runs the teacher-forced pass over target ids `[B, T]` and returns float32
+    logits `[B, T, V]` (with `return_attention_scores`, also a list of the blocks' score
+    dicts); `step` decodes one position through the key/value caches.
+
+    Args:
+        output_projection: the pre-softmax `Dense` layer, or None to reuse the token
+            embedding matrix (shared embeddings, 3.4).
+    """
+
+    def __init__(
+        self,
+        token_embedding,
+        position_encoding,
+        embedding_dropout,
+        blocks,
+        final_norm=None,
+        output_projection=None,
+    ):
+        super().__init__(token_embedding, position_encoding, embedding_dropout, blocks, final_norm)
+        self.output_projection = output_projection
+
+    def __call__(
+        self,
+        token_ids,
+        encoder_outputs,
+        encoder_padding_mask,
+        training=None,
+        return_attention_scores=False,
+    ):
+        decoder_padding_mask = masks.padding_mask(token_ids)
+        x = self.embed(token_ids, training=training)
+        all_scores = []
+        for block in self.blocks:
+            x = block(
+                x,
+                encoder_outputs,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if return_attention_scores:
+                x, scores = x
+                all_scores.append(scores)
+        logits = self.logits(x)
+        return (logits, all_scores) if return_attention_scores else logits
+
+    def step(self, token_ids, index, self_caches, cross_caches, encoder_padding_mask):
+        """Decodes the tokens `[B, 1]` at position `index` against one cache per block.
+
+        Returns `(logits [B, V] float32, self_caches)`, this step's keys and values
+        written at `index` of each block's self-attention cache.
+        """
+        x = self.embed(token_ids, start_index=index, training=False)
+        new_caches = []
+        for block, self_cache, cross_cache in zip(self.blocks, self_caches, cross_caches):
+            x, self_cache = block(
+                x,
+                None,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+                training=False,
+            )
+            new_caches.append(self_cache)
+        return self.logits(x)[:, -1, :], tuple(new_caches)
+
+    def logits(self, x):
+        """Float32 vocabulary logits of the last block's output `[B, T, D]`."""
+        x = self.normalize(x)
+        if self.output_projection is None:
+            return self.token_embedding(x, reverse=True)  # float32 logits
+        return ops.cast(self.output_projection(x), "float32")
+
+
+def build_stacks(config, dtype):
+    """Creates the layers `config` describes and returns `(EncoderStack, DecoderStack)`.
+
+    Layer names and creation order are those of every earlier version (embeddings, then
+    the encoder's layers, then the decoder's), so saved weights load by name and a
+    seeded build draws the same initial weights.
+    """
+
+    def token_embedding(name):
+        return TokenEmbedding(config.vocab_size, config.d_model, dtype=dtype, name=name)
+
+    if config.share_embeddings:
+        # One matrix for source, target and the pre-softmax projection (3.4).
+        encoder_embedding = decoder_embedding = token_embedding("token_embedding")
+        output_projection = None
+    else:
+        encoder_embedding = token_embedding("encoder_token_embedding")
+        decoder_embedding = token_embedding("decoder_token_embedding")
+        output_projection = keras.layers.Dense(
+            config.vocab_size, dtype=dtype, name="output_projection"
+        )
+    encoder = EncoderStack(
+        encoder_embedding,
+        *_stack_layers(config, dtype, "encoder", EncoderBlock, config.num_encoder_layers),
+    )
+    decoder = DecoderStack(
+        decoder_embedding,
+        *_stack_layers(config, dtype, "decoder", DecoderBlock, config.num_decoder_layers),
+        output_projection=output_projection,
+    )
+    return encoder, decoder
+
+
+def _stack_layers(config, dtype, side, block_class, count):
+    """`(position_encoding, embedding_dropout, blocks, final_norm)` of one side, in this order."""
+    encoding = (
+        LearnedPositionEmbedding
+        if config.position_encoding == "learned"
+        else SinusoidalPositionEncoding
+    )
+    positions = encoding(config.max_length, dtype=dtype, name=f"{side}_position_encoding")
+    dropout = keras.layers.Dropout(config.dropout, dtype=dtype, name=f"{side}_embedding_dropout")
+    blocks = [
+        block_class(
+            num_heads=config.num_heads,
+            intermediate_dim=config.d_ff,
+            dropout=config.dropout,
+            attention_dropout=config.attention_dropout,
+            activation_dropout=config.activation_dropout,
+            norm_first=config.norm_first,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            dtype=dtype,
+            name=f"{side}_layer_{i}",
+        )
+        for i in range(count)
+    ]
+    # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes it.
+    final_norm = None
+    if config.norm_first:
+        final_norm = keras.layers.LayerNormalization(
+            epsilon=config.layer_norm_epsilon, dtype=dtype, name=f"{side}_final_norm"
+        )
+    return positions, dropout, blocks, final_norm
+
+
+__all__ = ["EncoderStack", "DecoderStack", "build_stacks"]
