@@ -192,6 +192,10 @@ class MultiHeadAttention(keras.layers.Layer):
         fast library, while this form stays on it; TensorFlow runs it as fast as MatMul
         (its `einsum` gradient is ~2x slower); PyTorch runs all forms alike.
         """
+        if any(_quantized(dense) for dense in denses):
+            # A quantized kernel is integers plus a scale that only the layer's own call
+            # applies: each projection runs through its `Dense`, then splits into heads.
+            return tuple(self._split_heads(dense(x), head_dim) for dense in denses)
         kernels, biases = [], []
         for dense in denses:
             kernel = ops.cast(dense.kernel, self.compute_dtype)
@@ -209,12 +213,20 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _merge_heads(self, heads):
         """`W^O` over the concatenated heads: `[B, T, N, H]` -> `[B, T, D]`, one tensordot."""
+        if _quantized(self.output_dense):  # see `_project_heads`
+            shape = ops.shape(heads)
+            return self.output_dense(ops.reshape(heads, (shape[0], shape[1], self.num_heads * self.value_dim)))
         kernel = ops.cast(self.output_dense.kernel, self.compute_dtype)
         kernel = ops.reshape(kernel, (self.num_heads, self.value_dim, -1))  # [N, H, D]
         outputs = ops.tensordot(heads, kernel, axes=2)
         if self.use_bias:
             outputs = outputs + ops.cast(self.output_dense.bias, self.compute_dtype)
         return outputs
+
+    def _split_heads(self, projected, head_dim):
+        """`[B, T, N * H]` -> `[B, T, N, H]`."""
+        shape = ops.shape(projected)
+        return ops.reshape(projected, (shape[0], shape[1], self.num_heads, head_dim))
 
     def _compute_attention(self, query, key, value, attention_mask, return_attention_scores, training):
         """Attends `[B, T, N, H]` queries over `[B, S, N, H]` keys/values."""
@@ -282,6 +294,11 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _quantized(dense):
+    """Whether `dense` holds a quantized kernel (`model.quantize("int8")` and the like)."""
+    return getattr(dense, "quantization_mode", None) is not None
 
 
 def _write_at(cache, index, update):

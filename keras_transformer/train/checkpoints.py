@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 from keras_transformer import checks
-from keras_transformer.atomic import save_model_atomically
+from keras_transformer.atomic import save_model_atomically, write_directory_atomically
 
 # Checkpoint averaging, Vaswani et al. (2017), section 6.1: the last 5 (base), 20 (big).
 CHECKPOINTS_TO_AVERAGE = 5
