@@ -9,7 +9,9 @@ file or the new one, never a mix, and a crash leaves at most a hidden `.partial`
 (which no checkpoint pattern matches) beside an intact target.
 
 Directories (SavedModel exports) have their own helper,
-`write_directory_atomically`.
+`write_directory_atomically`; a training run stages its whole model directory and
+renames it into place (`keras_transformer.train.run`). `remove_partial_files` clears
+the temporaries a killed writer left.
 """
 
 import contextlib
@@ -100,6 +102,40 @@ def write_bytes_atomically(path, data):
     return path
 
 
+def write_text_atomically(path, text):
+    """Writes `text` (str, UTF-8) to `path` through `atomic_path`; returns `path`.
+
+    Example:
+
+    ```python
+    write_text_atomically("runs/demo/config.toml", run_config.to_toml())
+    # 'runs/demo/config.toml'
+    ```
+    """
+    return write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def is_partial_file(name):
+    """Whether `name` is a temporary that `atomic_path` left behind (a process killed mid-write)."""
+    return name.startswith(".") and ".partial-" in name
+
+
+def remove_partial_files(directory):
+    """Deletes the temporaries killed writers left in `directory` and its subdirectories.
+
+    Returns:
+        list of str, the paths removed.
+    """
+    removed = []
+    for root, _, files in os.walk(directory):
+        for name in files:
+            if is_partial_file(name):
+                path = os.path.join(root, name)
+                os.remove(path)
+                removed.append(path)
+    return removed
+
+
 def write_directory_atomically(target, write, *, overwrite=False):
     """Calls `write(temporary)` and renames the directory it filled to `target`.
 
@@ -149,5 +185,19 @@ def _fsync(path):
         os.close(descriptor)
 
 
+def fsync_directory(path):
+    """Flushes a directory's entries (a rename into or out of it) to disk, where the OS can."""
+    _fsync(path)
+
+
 __all__ = [
-    "write_directory_atomically","atomic_path", "save_model_atomically", "save_weights_atomically", "write_bytes_atomically"]
+    "atomic_path",
+    "save_model_atomically",
+    "save_weights_atomically",
+    "write_bytes_atomically",
+    "write_text_atomically",
+    "is_partial_file",
+    "remove_partial_files",
+    "write_directory_atomically",
+    "fsync_directory",
+]

@@ -11,6 +11,8 @@ import math
 import numbers
 import typing
 
+import numpy as np
+
 
 def is_int(value):
     """True for an int that is not a bool."""
@@ -60,6 +62,46 @@ def check_bool(name, value):
     """Raises ValueError unless `value` is True or False."""
     if not isinstance(value, bool):
         raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+
+
+def is_concrete(value):
+    """True for a tensor whose values can be read now, False for one being traced.
+
+    NumPy arrays, lists, eager TensorFlow tensors, JAX arrays and torch tensors are
+    concrete; inside `tf.function`, `jax.jit` (so inside compiled `fit` and `predict`)
+    and Keras' symbolic build they are not, and a value check must be done in the graph
+    or at the data boundary instead.
+    """
+    if isinstance(value, (np.ndarray, list, tuple, numbers.Number)):
+        return True
+    cls = type(value)
+    module, name = cls.__module__, cls.__name__
+    return (
+        name == "EagerTensor"
+        or (module.startswith("jaxlib") and name == "ArrayImpl")
+        or (module.startswith("torch") and name == "Tensor")
+    )
+
+
+def check_ids_in_range(
+    name, ids, vocab_size, ignore_id=None, *, what="id", hint="Were they made with another vocabulary?"
+):
+    """Raises ValueError unless every entry of `ids` (NumPy) is in [0, vocab_size) or is `ignore_id`.
+
+    The message names the first bad id and its position, for labels and token ids alike
+    (`what` names one entry, `hint` ends the message).
+    """
+    ids = np.asarray(ids)
+    bad = (ids < 0) | (ids >= vocab_size)
+    if ignore_id is not None:
+        bad &= ids != ignore_id
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        allowed = "" if ignore_id is None else f" (or ignore_id={ignore_id})"
+        raise ValueError(
+            f"`{name}` holds {what} {int(ids[where])} at position {where}, outside "
+            f"[0, vocab_size={vocab_size}){allowed}. {hint}"
+        )
 
 
 def check_choice(name, value, choices):
@@ -122,6 +164,8 @@ __all__ = [
     "check_positive_number",
     "check_non_negative_number",
     "check_bool",
+    "is_concrete",
+    "check_ids_in_range",
     "check_choice",
     "check_type",
     "check_dataclass_fields",

@@ -25,6 +25,12 @@ size like the token-budget batches of `data.make_dataset`), and JAX shards each 
 over the devices. So the pipeline's `tokens_per_batch` is the global budget and is not
 divided by hand. JAX needs every batch divisible by the number of replicas:
 `pad_batches_for_replicas` pads a batch with all-padding rows, which the loss ignores.
+
+The loss of a step is the mean over all its real tokens, on every engine. JAX runs one
+program over the global batch, so that is what the loss computes. Under `tf.distribute`
+each replica sees only its part: `LabelSmoothedCrossEntropy` returns
+`replica_share_of_global_mean`, whose gradient is that of its own sum over the
+real-token count all-reduced across the replicas; Keras sums the replicas' gradients.
 """
 
 import contextlib
@@ -250,6 +256,61 @@ def pad_batches_for_replicas(dataset, replicas, pad_id=PAD_ID):
         return tf.nest.map_structure(pad_one, batch)
 
     return dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def replica_share_of_global_mean(local_mean, local_count):
+    """This replica's share of the mean over every real token of the step.
+
+    A loss that averages over the `local_count` real tokens of its replica's part of the
+    batch returns this instead. Its gradient is that of `local_sum / global_count`
+    (`local_sum = local_mean * local_count`; `global_count` is `local_count` summed
+    over the replicas): the shares add up to the mean over all the step's tokens, and
+    Keras' TensorFlow trainer sums the replicas' gradients, so the update is the one
+    device would make on the whole batch, however unevenly the real tokens (and rows)
+    fall on the replicas. Dividing each replica's own mean by the number of replicas,
+    as Keras does for its built-in losses, would weigh a replica with few real tokens
+    as much as one with many.
+
+    Its value is the step's global mean divided by the number of replicas, on every
+    replica: Keras multiplies a replica's loss by that number before logging it and
+    weighs the replicas by their rows, so the logged loss is the global mean too, even
+    when a batch splits into unequal rows (3 rows as 2 + 1). The sum and the count
+    travel in one all-reduce of two numbers per step.
+
+    `local_mean` itself (the same tensor, so one device is unchanged to the bit) is
+    returned on one replica, outside a replica context (`strategy.run`), and on JAX and
+    PyTorch, whose step is one program over the global batch.
+
+    Args:
+        local_mean: float scalar tensor, the mean over this replica's real tokens (0
+            when it has none).
+        local_count: scalar tensor, how many real tokens that mean is over.
+
+    Example:
+
+    ```python
+    loss = total / ops.maximum(num_real, 1.0)
+    return replica_share_of_global_mean(loss, num_real)
+    ```
+    """
+    if keras.backend.backend() != "tensorflow":
+        return local_mean
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        # None: cross-replica context (a whole batch handed to the loss directly).
+        return local_mean
+    local_count = tf.stop_gradient(tf.cast(local_count, local_mean.dtype))
+    local_sum = local_mean * local_count  # 0 when the replica has no real token
+    totals = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.stop_gradient(tf.stack([local_sum, local_count]))
+    )
+    global_count = tf.maximum(totals[1], 1.0)
+    share = local_sum / global_count
+    logged = totals[0] / global_count / context.num_replicas_in_sync
+    # The value of `logged`, the gradient of `share`.
+    return share + tf.stop_gradient(logged - share)
 
 
 def transformer_layout_map(config, device_mesh, model_axis=_MODEL_AXIS):

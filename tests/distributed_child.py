@@ -7,7 +7,9 @@ module imports `fit_losses` too, for single-device references in its own process
 
 Every run trains the same tiny Transformer from the same seed on one fixed batch of 4
 sentence pairs without padding, so each replica of a 2-way split gets as many real
-tokens and the data-parallel loss must equal the one-device loss.
+tokens and the data-parallel loss must equal the one-device loss. The uneven batch
+(`uneven_batch`) puts 2 real target tokens on one replica and 10 on the other: the
+loss is still the mean over all 12, so the losses and weights must equal one device's.
 """
 
 import json
@@ -47,11 +49,76 @@ def batch(size=GLOBAL_BATCH, seed=0):
     return inputs, rng.integers(1, 32, (size, 5)).astype("int32")
 
 
-def dataset(size=GLOBAL_BATCH):
-    """The same batch of `size` pairs, again and again."""
+def uneven_batch():
+    """The batch of 4 with rows 0-1 (the first replica's half) padded to 1 real target token each.
+
+    Over 2 replicas, one holds 2 real target tokens and the other 10. The padding is
+    where the pipeline puts it: after the source's tokens, and after the first decoder
+    input (BOS) and the first label.
+    """
+    inputs, labels = batch()
+    inputs["encoder_inputs"][:2, 3:] = 0
+    inputs["decoder_inputs"][:2, 1:] = 0
+    labels[:2, 1:] = 0
+    return inputs, labels
+
+
+def uneven_rows_dataset():
+    """The uneven batch, then its last 3 rows again and again.
+
+    Over 2 replicas the 3 rows split 2 + 1, holding 6 and 5 real target tokens: unequal
+    rows and tokens. The first batch divides evenly: Keras 3.15 builds the model from
+    the replicas' first batches averaged, which fails for parts of unequal shapes.
+    """
     import tensorflow as tf
 
-    return tf.data.Dataset.from_tensors(batch(size)).repeat()
+    inputs, labels = uneven_batch()
+    last_three = ({key: value[1:] for key, value in inputs.items()}, labels[1:])
+    first = tf.data.Dataset.from_tensors((inputs, labels))
+    return first.concatenate(tf.data.Dataset.from_tensors(last_three).repeat())
+
+
+def dataset(size=GLOBAL_BATCH, pairs=None):
+    """The same batch (`pairs`, or `batch(size)`), again and again."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensors(batch(size) if pairs is None else pairs).repeat()
+
+
+def initial_losses(pairs, replicas=2):
+    """The first step's loss of the seed-7 model: the global mean, and the replicas' mean.
+
+    The first is what one device trains on; the second is what averaging each replica's
+    own mean (Keras' scaling of its built-in losses) would give for an even split of
+    `pairs`, to show that the uneven batch tells the two apart.
+    """
+    import keras
+
+    from keras_transformer import build_transformer
+    from keras_transformer.train.losses import LabelSmoothedCrossEntropy
+
+    keras.utils.set_random_seed(7)
+    model = build_transformer(config())
+    loss = LabelSmoothedCrossEntropy()
+    inputs, labels = pairs
+    size = len(labels) // replicas
+    parts = [slice(index * size, (index + 1) * size) for index in range(replicas)]
+    per_replica = [
+        float(loss(labels[part], model({key: value[part] for key, value in inputs.items()})))
+        for part in parts
+    ]
+    return float(loss(labels, model(inputs))), float(np.mean(per_replica))
+
+
+def max_weight_difference(model, other):
+    """Largest absolute difference between two models' weights, matched by path."""
+    import keras
+
+    values = {weight.path: keras.ops.convert_to_numpy(weight.value) for weight in other.weights}
+    return max(
+        float(np.abs(keras.ops.convert_to_numpy(weight.value) - values[weight.path]).max())
+        for weight in model.weights
+    )
 
 
 def fit_losses(strategy="default", data=None, callbacks=(), **scope_args):
@@ -90,6 +157,12 @@ def run_mirrored():
 
     single, _, _ = fit_losses("default")
     mirrored, engine, model = fit_losses("mirrored", devices=["/cpu:0", "/cpu:1"])
+    # 2 real target tokens on one replica and 10 on the other, then rows split 2 + 1.
+    uneven = uneven_rows_dataset()
+    uneven_single, _, single_model = fit_losses("default", data=uneven)
+    uneven_mirrored, _, mirrored_model = fit_losses(
+        "mirrored", data=uneven, devices=["/cpu:0", "/cpu:1"]
+    )
 
     # Batches of 4 and 3 rows with an unknown static batch size, as the token-budget
     # pipeline makes them: tf.distribute splits each global batch over the replicas.
@@ -106,6 +179,10 @@ def run_mirrored():
         "describe": distribute.describe(engine),
         "variable_type": type(model.weights[0].value).__name__,
         "split": split,
+        "uneven_single": uneven_single,
+        "uneven_mirrored": uneven_mirrored,
+        "uneven_weight_difference": max_weight_difference(mirrored_model, single_model),
+        "uneven_initial": initial_losses(uneven_batch()),
     }
 
 
@@ -130,8 +207,10 @@ def run_multi_worker():
         ),
     ]
     losses, engine, _ = fit_losses("auto", callbacks=callbacks)
+    uneven, _, _ = fit_losses("auto", data=dataset(pairs=uneven_batch()))
     return {
         "losses": losses,
+        "uneven": uneven,
         "engine": type(engine).__name__,
         "replicas": distribute.num_replicas(engine),
         "is_chief": chief,
@@ -148,6 +227,7 @@ def run_jax():
 
     data_parallel, engine, _ = fit_losses("data_parallel")
     after_scope = keras.distribution.distribution()
+    uneven, _, _ = fit_losses("data_parallel", data=dataset(pairs=uneven_batch()))
     model_parallel, mp_engine, mp_model = fit_losses("model_parallel", model_parallel_size=2)
     shown = (
         "encoder_layer_0/self_attention/query/kernel",
@@ -166,6 +246,7 @@ def run_jax():
     )
     return {
         "data_parallel": data_parallel,
+        "data_parallel_uneven": uneven,
         "model_parallel": model_parallel,
         "replicas": distribute.num_replicas(engine),
         "model_parallel_replicas": distribute.num_replicas(mp_engine),

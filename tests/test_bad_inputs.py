@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_config, to_numpy
-from tiny_reliability import greedy_translator, tiny_dir  # noqa: F401  (session fixtures)
+from tiny_reliability import greedy_export, greedy_translator, tiny_dir  # noqa: F401  (session fixtures)
 from tiny_translation import tiny_sentences
 
 import keras_transformer as kt
@@ -133,21 +133,96 @@ def test_bad_model_input_messages_are_identical_on_every_backend(model, bad, mes
             assert str(raised.value) == message.format(key=key)
 
 
-def test_out_of_range_id_inside_predict_is_the_backends_own_outcome(model):
-    """A documented limit: compiled calls cannot check values, so each backend does its own thing.
+@pytest.mark.parametrize("bad_id", [40, -1], ids=["id_too_large", "negative_id"])
+def test_out_of_range_id_inside_predict_gives_nan_logits(model, bad_id):
+    """Compiled calls cannot check values: the embedding makes a bad id NaN, on every backend.
 
-    PyTorch runs `predict` eagerly, so the check runs there too; TensorFlow's gather
-    raises on CPU; JAX's gather fills out-of-range rows with NaN, silently.
+    Left to the backends, a negative id would wrap around to the end of the embedding
+    table (a finite, wrong answer) and a too-large one would raise on TensorFlow's CPU,
+    read zeros on its GPU and give NaN on JAX. PyTorch runs `predict` eagerly, so the
+    model's own check raises there.
     """
-    inputs = {"encoder_inputs": np.array([[4, 40, 5]], "int32"), "decoder_inputs": np.array([[2, 4, 5]], "int32")}
-    backend = keras.backend.backend()
-    if backend == "jax":
-        assert np.isnan(model.predict(inputs, verbose=0)).all()
-    else:
-        error = ValueError if backend == "torch" else Exception  # tf.errors.InvalidArgumentError
-        message = "holds token id 40" if backend == "torch" else r"indices\[0,1\] = 40 is not in \[0, 32\)"
-        with pytest.raises(error, match=message):
+    inputs = {
+        "encoder_inputs": np.array([[4, bad_id, 5], [4, 6, 5]], "int32"),
+        "decoder_inputs": np.array([[2, 4, 5], [2, 4, 5]], "int32"),
+    }
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match=f"holds token id {bad_id} at position \\(0, 1\\)"):
             model.predict(inputs, verbose=0)
+        return
+    logits = model.predict(inputs, verbose=0)
+    assert np.isnan(logits[0]).all()  # the bad id's sentence: NaN, loudly
+    alone = model.predict({key: value[1:] for key, value in inputs.items()}, verbose=0)
+    np.testing.assert_allclose(logits[1], alone[0], atol=1e-5)  # its neighbour: untouched
+
+
+def _fit_three_batches(model, inputs, labels):
+    """`fit` on three batches of two pairs, the 2nd batch holding the bad value; steps run."""
+    model.compile(optimizer="sgd", loss=kt.LabelSmoothedCrossEntropy())
+    model.fit(
+        inputs, labels, batch_size=2, epochs=1, shuffle=False, verbose=0,
+        callbacks=[keras.callbacks.TerminateOnNaN()],
+    )
+    return int(to_numpy(model.optimizer.iterations))
+
+
+def _pairs_with(bad, where):
+    """Six training pairs; `bad` is put at (2, 1) of the encoder inputs or of the labels."""
+    inputs = {
+        "encoder_inputs": np.tile(np.array([[4, 5, 6, 3]], "int32"), (6, 1)),
+        "decoder_inputs": np.tile(np.array([[2, 7, 8, 9]], "int32"), (6, 1)),
+    }
+    labels = np.tile(np.array([[7, 8, 9, 3]], "int32"), (6, 1))
+    if where == "labels":
+        labels[2, 1] = bad
+    else:
+        inputs[where][2, 1] = bad
+    return inputs, labels
+
+
+@pytest.mark.parametrize(
+    "bad, where, message",
+    [
+        (-1, "encoder_inputs", r"`encoder_inputs` holds token id -1 at position \(0, 1\)"),
+        (32, "labels", r"`y_true` holds id 32 at position \(0, 1\), outside \[0, vocab_size=32\) \(or ignore_id=0\)"),
+        (-5, "labels", r"`y_true` holds id -5 at position \(0, 1\)"),
+    ],
+    ids=["negative_input_id", "label_too_large", "negative_label"],
+)
+def test_out_of_range_id_or_label_inside_fit_stops_the_run(bad, where, message):
+    """TensorFlow and JAX compile the step, so nothing can raise: the loss is NaN and
+    `TerminateOnNaN` stops at the bad batch (the 2nd of 3). PyTorch runs it eagerly,
+    and the model or the loss raises, naming the value and its place in the batch."""
+    keras.utils.set_random_seed(0)
+    model = kt.build_transformer(tiny_config())
+    inputs, labels = _pairs_with(bad, where)
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match=message):
+            _fit_three_batches(model, inputs, labels)
+        return
+    assert _fit_three_batches(model, inputs, labels) == 2  # of 3: stopped at the bad batch
+
+
+@pytest.mark.parametrize(
+    "bad", [32, 40, -1, -5], ids=["label_equals_vocab_size", "label_too_large", "negative_label", "label_minus_5"]
+)
+def test_out_of_range_label_gives_nan_never_a_finite_loss(bad):
+    """The traced path (`call`, as inside compiled `fit`): a NaN loss and NaN metrics,
+    on every backend; an eager `__call__` raises, naming the label and its position."""
+    from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
+
+    labels = np.array([[5, 6, 0], [7, bad, 0]], "int32")
+    logits = np.random.default_rng(0).normal(size=(2, 3, 32)).astype("float32")
+    loss = kt.LabelSmoothedCrossEntropy()
+    per_token = to_numpy(loss.call(labels, logits))
+    assert np.isnan(per_token[1, 1]) and np.isfinite(np.delete(per_token.ravel(), 4)).all()
+    for metric in (MaskedAccuracy(), Perplexity()):
+        metric.update_state(labels, logits)
+        assert np.isnan(to_numpy(metric.result())), metric.name
+    with pytest.raises(ValueError, match=rf"`y_true` holds id {bad} at position \(1, 1\), outside \[0, vocab_size=32\)"):
+        loss(labels, logits)
+    with pytest.raises(ValueError, match=rf"holds id {bad} at position"):  # the backend's own tensors too
+        loss(keras.ops.convert_to_tensor(labels), keras.ops.convert_to_tensor(logits))
 
 
 # ---------------------------------------------------------------- configuration
@@ -179,6 +254,64 @@ CONFIG_CASES = _refusals(
 def test_bad_config_values_raise_naming_the_field(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def _layers():
+    from keras_transformer import layers
+
+    return layers
+
+
+NAN, INF = float("nan"), float("inf")
+
+# Every float a layer, the loss or the translator takes is a finite number: NaN compares
+# false with everything, so a range check alone would let it through.
+ARGUMENT_CASES = _refusals(
+    [
+        ("layer_norm_epsilon_nan", lambda: _layers().EncoderBlock(2, 32, layer_norm_epsilon=NAN), ValueError,
+         r"`layer_norm_epsilon` must be a finite number > 0. Received: layer_norm_epsilon=nan"),
+        ("layer_norm_epsilon_inf", lambda: _layers().DecoderBlock(2, 32, layer_norm_epsilon=INF), ValueError,
+         r"`layer_norm_epsilon` must be a finite number > 0. Received: layer_norm_epsilon=inf"),
+        ("layer_norm_epsilon_zero", lambda: _layers().EncoderBlock(2, 32, layer_norm_epsilon=0.0), ValueError,
+         r"`layer_norm_epsilon` must be a finite number > 0. Received: layer_norm_epsilon=0.0"),
+        ("attention_dropout_nan", lambda: _layers().MultiHeadAttention(2, 8, dropout=NAN), ValueError,
+         r"`dropout` must be a number in \[0, 1\). Received: dropout=nan"),
+        ("feed_forward_dropout_inf", lambda: _layers().PositionwiseFeedForward(8, 32, dropout=INF), ValueError,
+         r"`dropout` must be a number in \[0, 1\). Received: dropout=inf"),
+        ("label_smoothing_nan", lambda: kt.LabelSmoothedCrossEntropy(label_smoothing=NAN), ValueError,
+         r"`label_smoothing` must be a number in \[0, 1\). Received: label_smoothing=nan"),
+        ("norm_first_int", lambda: _layers().EncoderBlock(2, 32, norm_first=1), ValueError,
+         r"`norm_first` must be True or False. Received: norm_first=1"),
+        ("use_bias_str", lambda: _layers().MultiHeadAttention(2, 8, use_bias="no"), ValueError,
+         r"`use_bias` must be True or False. Received: use_bias='no'"),
+        ("embedding_scale_str", lambda: _layers().TokenEmbedding(32, 8, scale="yes"), ValueError,
+         r"`scale` must be True or False. Received: scale='yes'"),
+        ("schedule_scale_nan", lambda: kt.TransformerSchedule(512, scale=NAN), ValueError,
+         r"`scale` must be a finite number > 0. Received: scale=nan"),
+    ]
+)
+
+
+@pytest.mark.parametrize("make, error, message", ARGUMENT_CASES)
+def test_non_finite_or_mistyped_arguments_raise_naming_them(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+@pytest.mark.parametrize("penalty", [NAN, INF, -INF], ids=["nan", "inf", "minus_inf"])
+def test_non_finite_length_penalty_is_refused_by_translator_and_export(greedy_translator, penalty, tmp_path):
+    from keras_transformer.inference.translator import Translator
+
+    message = rf"`length_penalty` must be a finite number >= 0. Received: length_penalty={penalty}"
+    with pytest.raises(ValueError, match=message):
+        Translator(greedy_translator.model, greedy_translator.tokenizer, length_penalty=penalty)
+    if keras.backend.backend() == "tensorflow":
+        from keras_transformer.inference.export import export_saved_model
+
+        with pytest.raises(ValueError, match=message):
+            export_saved_model(greedy_translator.model, greedy_translator.tokenizer, base_dir=str(tmp_path),
+                               length_penalty=penalty)
+        assert not os.listdir(tmp_path)
 
 
 # A run config (TOML) whose [model] table is a valid tiny model; each row changes one line.
@@ -235,10 +368,11 @@ def test_bad_run_config_toml_raises_naming_the_file_and_field(tmp_path, lines, o
 
 
 # ---------------------------------------------------------------- data
-def _make_dataset(pairs, **options):
+def _make_dataset(pairs, tokenizer=None, **options):
     from keras_transformer.data.pipeline import make_dataset
 
-    return make_dataset(pairs, _tokenizer(), **{"max_length": 16, "tokens_per_batch": 64, **options})
+    tokenizer = tokenizer or _tokenizer()
+    return make_dataset(pairs, tokenizer, **{"max_length": 16, "tokens_per_batch": 64, **options})
 
 
 def _tokenizer():
@@ -273,8 +407,24 @@ DATA_CASES = _refusals(
          r"at index 0"),
         ("none_in_pair", lambda: _make_dataset([("cats", "Katzen"), ("dogs", None)]), ValueError,
          r"Received: \('dogs', None\) at index 1"),
+        ("lone_surrogate_in_pair", lambda: _make_dataset([("cats", "Katzen"), ("dogs", "Hun\ud800de")]),
+         ValueError, r"The target of the pair at index 1 is not valid Unicode: it holds the lone surrogate "
+         r"'\\ud800' at character 3, which UTF-8 cannot encode"),
+        ("tokenizer_larger_than_vocab_size", lambda: _make_dataset(TINY_PAIRS, vocab_size=40), ValueError,
+         r"The tokenizer's vocab_size \(48\) is larger than vocab_size=40"),
+        ("tokenizer_ids_out_of_range", lambda: _make_dataset(TINY_PAIRS, tokenizer=_ShiftedTokenizer()),
+         ValueError, r"The tokenizer made token ids outside \[0, vocab_size=48\); no batch was made"),
     ]
 )
+
+
+class _ShiftedTokenizer:
+    """A tokenizer of the pipeline's duck type whose ids run past its vocabulary."""
+
+    vocab_size = 48
+
+    def tokenize(self, text):
+        return _tokenizer().tokenize(text) + self.vocab_size
 
 
 @pytest.mark.parametrize("make, error, message", DATA_CASES)
@@ -360,6 +510,140 @@ def test_characters_outside_the_vocabulary_translate_without_error(greedy_transl
     assert all(isinstance(t, str) for t in translations)
 
 
+@pytest.mark.parametrize(
+    "text, position",
+    [("cats\ud800 see cars", 4), ("\udcff", 0), ("cats see \ude00", 9)],
+    ids=["lone_high_surrogate", "surrogateescape_byte", "lone_low_surrogate"],
+)
+def test_lone_surrogate_is_replaced_and_the_other_sentences_translate(greedy_translator, text, position):
+    """Replaced by U+FFFD with a warning naming the input: one bad item never sinks the call."""
+    from keras_transformer.data.tokenizer import replace_lone_surrogates
+
+    sentences = ["cats see cars", text, "dogs like trees"]
+    warning = rf"Input 1 is not valid Unicode: it holds the lone surrogate '\\ud[89a-f][0-9a-f]{{2}}' at character {position}"
+    with pytest.warns(UserWarning, match=warning):
+        translations = greedy_translator.translate(sentences)
+    repaired = replace_lone_surrogates(text)
+    assert "\ufffd" in repaired
+    assert translations == greedy_translator.translate([sentences[0], repaired, sentences[2]])
+    assert translations[0] == _decoded_alone(greedy_translator, sentences[0])
+
+
+def test_tokenizer_encode_names_the_sentence_that_is_not_valid_unicode(greedy_translator):
+    """The tokenizer itself refuses, naming the sentence, instead of sentencepiece's
+    "List elements must be str or bytes" for the whole list."""
+    message = r"Sentence 2 is not valid Unicode: it holds the lone surrogate '\\ud800' at character 1"
+    with pytest.raises(ValueError, match=message):
+        greedy_translator.tokenizer.encode(["cats", "dogs", "a\ud800b"])
+
+
+# ---------------------------------------------------------------- SavedModel signatures
+def _loaded_export(greedy_export):
+    import tensorflow as tf
+
+    if "loaded" not in _LOADED:
+        _LOADED["loaded"] = tf.saved_model.load(greedy_export[1])
+    return _LOADED["loaded"]
+
+
+_LOADED = {}
+
+
+@pytest.mark.parametrize(
+    "signature, key, value, message",
+    [
+        ("serving_default", "text", [["cats see cars"]],
+         r"`text` must be a vector \[batch\] of strings, one sentence each"),
+        ("serving_default", "text", "cats see cars", r"`text` must be a vector \[batch\] of strings"),
+        ("translate_ids", "encoder_inputs", [4, 5, 3], r"`encoder_inputs` must have shape \[batch, length\]"),
+        ("translate_ids", "encoder_inputs", [[[4, 5, 3]]], r"`encoder_inputs` must have shape \[batch, length\]"),
+        ("translate_ids", "encoder_inputs", [[4] * 16 + [3]],
+         r"`encoder_inputs` is longer than max_length=16 \(at most 15 source ids and EOS\)"),
+        ("translate_ids", "encoder_inputs", [[4, -1, 3]], r"`encoder_inputs` holds token ids outside \[0, vocab_size=48\)"),
+        ("translate_ids", "encoder_inputs", [[4, 48, 3]], r"`encoder_inputs` holds token ids outside \[0, vocab_size=48\)"),
+    ],
+    ids=["text_rank_2", "text_scalar", "ids_rank_1", "ids_rank_3", "ids_over_max_length", "negative_id", "id_equals_vocab_size"],
+)
+def test_saved_model_signatures_check_rank_length_and_ids_in_the_graph(greedy_export, signature, key, value, message):
+    """A server hands tensors over whatever shape a signature declares: the graph checks."""
+    import tensorflow as tf
+
+    function = _loaded_export(greedy_export).signatures[signature]
+    dtype = tf.string if key == "text" else tf.int32
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        function(**{key: tf.constant(value, dtype)})
+
+
+def test_saved_model_signature_refuses_another_dtype(greedy_export):
+    """The dtype is TensorFlow's own check at the signature, before the graph runs."""
+    import tensorflow as tf
+
+    function = _loaded_export(greedy_export).signatures["translate_ids"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="expected to be a int32 tensor but is a int64 tensor"):
+        function(encoder_inputs=tf.constant([[4, 5, 3]], tf.int64))
+    good = function(encoder_inputs=tf.constant([[4, 5, 3]], tf.int32))  # and the same call, right
+    assert good["output_ids"].shape[0] == 1
+
+
+# ---------------------------------------------------------------- kt-translate
+def _translate_command(tiny_dir, data, capsys, monkeypatch, *options):
+    """Runs `kt-translate --greedy` on `data` (bytes) given on standard input.
+
+    Returns `(exit status, stdout lines split on "\\n" only, stderr)`.
+    """
+    import io
+    import sys
+
+    from keras_transformer.cli.translate import main
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    status = main(["--model-dir", str(tiny_dir), "--greedy", "--batch-size", "4", *options])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert out == "" or out.endswith("\n")
+    return status, out.split("\n")[:-1], captured.err
+
+
+def test_translate_command_keeps_one_output_line_per_input_line(tiny_dir, greedy_translator, capsys, monkeypatch):
+    """Lines end at "\\n" only (one "\\r" before it dropped): the separators that
+    `str.splitlines` also breaks at stay inside their line."""
+    lines = [
+        "cats see cars\x0bdogs see trees",  # vertical tab
+        "birds\x1cfind bread",  # file separator
+        "people paint\u2028gardens",  # line separator
+        "horses\x85like houses",  # next line (NEL)
+        "",
+        "dogs like\x0ccars\rtrees",  # form feed, a lone carriage return
+        "cats find houses",  # ends with \r\n
+        "birds see cars",  # the last line, without "\\n"
+    ]
+    data = "\n".join(lines[:6]).encode() + b"\n" + lines[6].encode() + b"\r\n" + lines[7].encode()
+    status, printed, _ = _translate_command(tiny_dir, data, capsys, monkeypatch)
+    assert status == 0
+    assert len(printed) == len(lines) == 8
+    assert printed == [text.replace("\n", " ").replace("\r", " ") for text in greedy_translator.translate(lines)]
+    assert printed[4] == ""
+
+
+def test_translate_command_reads_invalid_utf8_as_replacement_with_a_warning(tiny_dir, greedy_translator, capsys, monkeypatch):
+    data = b"cats see cars\nbirds \xff\xfe find bread\n\xed\xa0\x80\ndogs like trees\n"
+    status, printed, err = _translate_command(tiny_dir, data, capsys, monkeypatch)
+    assert status == 0
+    assert "standard input: line(s) 2, 3 are not valid UTF-8; their invalid bytes were read as U+FFFD" in err
+    expected = ["cats see cars", "birds \ufffd\ufffd find bread", "\ufffd\ufffd\ufffd", "dogs like trees"]
+    assert printed == greedy_translator.translate(expected)
+
+
+def test_translate_command_exits_non_zero_when_it_cannot_write(tiny_dir, capsys, monkeypatch, tmp_path):
+    with pytest.raises(SystemExit) as stop:  # one line on stderr, exit status 2, like every kt-* error
+        _translate_command(tiny_dir, b"cats see cars\n", capsys, monkeypatch, "--output", str(tmp_path))
+    status, err = stop.value.code, capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]  # beside the progress bar
+    assert status == 2 and len(errors) == 1
+    assert errors[0].startswith("kt-translate: error: could not write the translations")
+    assert os.listdir(tmp_path) == []  # no partial file left
+
+
 # ---------------------------------------------------------------- the table stays in step
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "docs", "errors_and_limits.md")
@@ -424,6 +708,7 @@ def _catalogue_ids_in(filename):
 
 RELIABILITY_FILES = (
     "test_faults.py",
+    "test_fault_injection.py",
     "test_properties.py",
     "test_concurrency.py",
     "test_determinism.py",

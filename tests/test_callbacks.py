@@ -13,6 +13,7 @@ import pytest
 from keras_transformer.train import callbacks as kt_callbacks
 from keras_transformer.model import directory as model_directory
 from keras_transformer.train.callbacks import (
+    StopOnNaN,
     BleuCallback,
     KeepLastCheckpoints,
     LearningRateLogger,
@@ -187,7 +188,7 @@ def test_default_callbacks_order_and_files(tmp_path):
     kinds = [type(c) for c in callbacks]
     expected = [
         TimeBudget,
-        keras.callbacks.TerminateOnNaN,
+        StopOnNaN,
         LearningRateLogger,
         BleuCallback,
         SampleTranslations,
@@ -201,7 +202,7 @@ def test_default_callbacks_order_and_files(tmp_path):
     # Without validation pairs and with checkpoints off, those callbacks are left out.
     kinds = [type(c) for c in default_callbacks(str(tmp_path), keep_checkpoints=0, tensorboard=False)]
     assert kinds == [
-        keras.callbacks.TerminateOnNaN,
+        StopOnNaN,
         LearningRateLogger,
         keras.callbacks.BackupAndRestore,
         keras.callbacks.CSVLogger,
@@ -214,3 +215,13 @@ def test_model_directory_names_agree_with_the_tokenizer():
     from keras_transformer.data.tokenizer import MODEL_FILENAME
 
     assert model_directory.TOKENIZER_FILE == MODEL_FILENAME
+
+
+def test_a_nan_stop_names_the_likely_cause():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((8, 3), "float32")
+    y = np.full((8, 1), np.nan, "float32")  # NaN from the first batch on
+    with pytest.warns(UserWarning, match=r"Training stopped at batch 0: the loss is nan\. .*outside \[0, vocab_size\)"):
+        history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[StopOnNaN()])
+    assert len(history.history["loss"]) == 1  # stopped in the first epoch

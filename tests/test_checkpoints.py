@@ -31,6 +31,15 @@ def saved_weights(tmp_path, seed, name):
     return model, path
 
 
+def write_tokenizer(model_dir):
+    """A real tokenizer of the tiny model's vocabulary size (32), saved into `model_dir`."""
+    from tiny_translation import tiny_sentences
+
+    tokenizer = kt.train_tokenizer(tiny_sentences(), vocab_size=32)
+    tokenizer.save(str(model_dir))
+    return tokenizer
+
+
 def test_average_of_two_weight_files_is_their_element_wise_mean(tmp_path):
     first, first_path = saved_weights(tmp_path, 1, "epoch_001.weights.h5")
     second, second_path = saved_weights(tmp_path, 2, "epoch_002.weights.h5")
@@ -91,7 +100,7 @@ def test_averaging_writes_a_model_directory_beside_the_run(tmp_path, capsys):
     os.makedirs(checkpoints)
     models = [saved_weights(checkpoints, seed, f"epoch_{seed:03d}.weights.h5")[0] for seed in (1, 2, 3)]
     models[0].save(str(model_dir / "model.keras"))
-    (model_dir / "tokenizer.model").write_bytes(b"a sentencepiece model")
+    tokenizer = write_tokenizer(model_dir)
     (model_dir / "config.toml").write_text('name = "run"\n')
     assert main(["--model-dir", str(model_dir), "--last", "2"]) == 0
     output = capsys.readouterr().out
@@ -99,9 +108,13 @@ def test_averaging_writes_a_model_directory_beside_the_run(tmp_path, capsys):
 
     output_dir = tmp_path / "run_averaged"  # the default: a sibling, not inside the run
     assert sorted(os.listdir(tmp_path)) == ["run", "run_averaged"]  # no temporary left
-    assert sorted(os.listdir(output_dir)) == ["config.toml", "model.keras", "tokenizer.model"]
+    assert sorted(os.listdir(output_dir)) == ["config.toml", "manifest.json", "model.keras", "tokenizer.model"]
     for name in ("config.toml", "tokenizer.model"):
         assert (output_dir / name).read_bytes() == (model_dir / name).read_bytes()
+    # The averaged directory records its tokenizer, so it refuses any other one.
+    from keras_transformer.model.directory import read_manifest
+
+    assert read_manifest(str(output_dir))["tokenizer_sha256"] == tokenizer.fingerprint
     averaged = keras.saving.load_model(str(output_dir / "model.keras"), safe_mode=True)
     for a, b, mean in zip(models[1].weights, models[2].weights, averaged.weights):
         expected = ((to_numpy(a).astype("float64") + to_numpy(b)) / 2).astype("float32")
@@ -113,18 +126,18 @@ def test_averaging_refuses_to_replace_a_directory_unless_told(tmp_path):
     os.makedirs(model_dir / "checkpoints")
     model, _ = saved_weights(model_dir / "checkpoints", 1, "epoch_001.weights.h5")
     model.save(str(model_dir / "model.keras"))
-    (model_dir / "tokenizer.model").write_bytes(b"a sentencepiece model")
+    write_tokenizer(model_dir)
     output_dir = tmp_path / "chosen"
     os.makedirs(output_dir)  # an empty directory may be written into
     written, paths = average_model_directory(model_dir, output_dir=output_dir)
     assert written == str(output_dir) and len(paths) == 1
-    assert sorted(os.listdir(output_dir)) == ["model.keras", "tokenizer.model"]  # no config.toml to copy
+    assert sorted(os.listdir(output_dir)) == ["manifest.json", "model.keras", "tokenizer.model"]  # no config.toml
     with pytest.raises(FileExistsError, match="chosen already exists and is not empty; pass overwrite=True"):
         average_model_directory(model_dir, output_dir=output_dir)
     assert average_model_directory(model_dir, output_dir=output_dir, overwrite=True)[0] == str(output_dir)
     with pytest.raises(ValueError, match="`output_dir` must differ from `model_dir`"):
         average_model_directory(model_dir, output_dir=model_dir)
     os.remove(model_dir / "tokenizer.model")
-    with pytest.raises(FileNotFoundError, match="No tokenizer.model in the model directory"):
+    with pytest.raises(FileNotFoundError, match="No tokenizer model file at .*run.tokenizer.model"):
         average_model_directory(model_dir, output_dir=tmp_path / "other")
     assert sorted(os.listdir(tmp_path)) == ["chosen", "run"]

@@ -232,3 +232,75 @@ def test_averaged_model_directory_translates_like_its_checkpoints(tiny_dir, gree
         main(["--model-dir", str(run), "--last", "2"])
     assert exit_info.value.code == 2
     assert main(["--model-dir", str(run), "--last", "1", "--overwrite"]) == 0
+
+
+# ------------------------------------------------------------------ errors: one line each
+def _one_error_line(capsys, prog):
+    """The command's stderr: exactly one line, `prog: error: ...`, and no traceback."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), lines
+    return lines[0]
+
+
+def _damaged_model_dir(tiny_dir, directory):
+    shutil.copytree(tiny_dir, directory)
+    data = (directory / "model.keras").read_bytes()
+    (directory / "model.keras").write_bytes(data[: len(data) // 2])  # a copy cut short
+    os.makedirs(directory / "checkpoints")
+    shutil.copy(tiny_dir / "model.keras", directory / "checkpoints" / "epoch_001.weights.h5")
+    return directory
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export", "visualize", "average_checkpoints"])
+def test_each_command_names_a_truncated_model_in_one_line(command, tiny_dir, tmp_path, capsys):
+    import keras
+
+    if command == "export" and keras.backend.backend() != "tensorflow":
+        pytest.skip("kt-export runs itself again in a TensorFlow process here; the TensorFlow session checks it")
+    module = importlib.import_module(f"keras_transformer.cli.{command}")
+    model_dir = str(_damaged_model_dir(tiny_dir, tmp_path / "model"))
+    (tmp_path / "source.txt").write_text("cats see cars\n")
+    argv = {
+        "evaluate": ["--source", str(tmp_path / "source.txt"), "--reference", str(tmp_path / "source.txt")],
+        "export": ["--base-dir", str(tmp_path / "exports")],
+        "visualize": ["--source", "cats see cars", "--output", str(tmp_path / "a.png")],
+        "average_checkpoints": ["--last", "1"],
+    }[command]
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--model-dir", model_dir, *argv])
+    assert exit_info.value.code == 2
+    line = _one_error_line(capsys, "kt-" + command.replace("_", "-"))
+    assert "model.keras is corrupt or truncated" in line
+    assert not os.path.exists(tmp_path / "exports") and not os.path.exists(tmp_path / "model_averaged")
+
+
+@pytest.mark.parametrize("command", ["evaluate", "visualize", "average_checkpoints"])
+def test_each_command_names_a_missing_model_directory_in_one_line(command, tmp_path, capsys):
+    module = importlib.import_module(f"keras_transformer.cli.{command}")
+    (tmp_path / "source.txt").write_text("cats see cars\n")
+    argv = {
+        "evaluate": ["--source", str(tmp_path / "source.txt"), "--reference", str(tmp_path / "source.txt")],
+        "visualize": ["--source", "cats see cars"],
+        "average_checkpoints": [],
+    }[command]
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--model-dir", str(tmp_path / "nowhere"), *argv])
+    assert exit_info.value.code == 2
+    assert "No model.keras in the model directory" in _one_error_line(capsys, "kt-" + command.replace("_", "-"))
+
+
+def test_train_refuses_a_bad_name_and_a_finished_run_in_one_line(tmp_path, capsys):
+    from keras_transformer.cli.train import main
+
+    config = os.path.join(REPO_ROOT, "training", "configs", "demo.toml")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", config, "--set", f"output_dir={tmp_path}", "--set", "name=.."])
+    assert exit_info.value.code == 2
+    assert "`name` must be a plain directory name" in _one_error_line(capsys, "kt-train")
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "model.keras").write_text("a finished run")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", config, "--set", f"output_dir={tmp_path}", "--set", "overwrite=false"])
+    assert exit_info.value.code == 2
+    assert "already holds a finished run (model.keras)" in _one_error_line(capsys, "kt-train")
+    assert os.listdir(tmp_path) == ["demo"] and os.listdir(tmp_path / "demo") == ["model.keras"]

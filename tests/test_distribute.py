@@ -28,6 +28,10 @@ CHILD = pathlib.Path(distributed_child.__file__)
 CHILD_TIMEOUT_S = 300
 # Float32 sums in another order (two replicas, an all-reduce) agree to this.
 LOSS_RTOL = 1e-5
+# Weights after 3 Adam steps from such gradients agree to this (2e-5 to 5e-5 measured): Adam
+# divides by the gradient's size, so rounding in tiny gradients moves a weight by up to
+# ~1e-4. Weights move by up to 3e-2; averaging each replica's own mean is off by 6e-2.
+WEIGHT_ATOL = 5e-4
 
 tensorflow_only = pytest.mark.skipif(
     BACKEND != "tensorflow", reason="tf.distribute runs on the TensorFlow backend"
@@ -208,9 +212,27 @@ def test_layout_map_shards_the_big_matrices_of_the_real_model():
 
 
 # ------------------------------------------------------------------ data parallel runs
+def test_on_one_device_the_loss_is_its_own_token_mean_to_the_bit():
+    mean, count = keras.ops.convert_to_tensor(2.5), keras.ops.convert_to_tensor(4.0)
+    assert distribute.replica_share_of_global_mean(mean, count) is mean
+    with distribute.distribution_scope("default"):
+        assert distribute.replica_share_of_global_mean(mean, count) is mean
+    inputs, labels = tiny_batch(np.random.default_rng(0))
+    logits = build_transformer(tiny_config())(inputs)
+    per_token = keras.ops.convert_to_numpy(LabelSmoothedCrossEntropy().call(labels, logits))
+    loss = float(keras.ops.convert_to_numpy(LabelSmoothedCrossEntropy()(labels, logits)))
+    np.testing.assert_allclose(loss, per_token.sum() / (labels != 0).sum(), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def mirrored_run():
+    """The child's MirroredStrategy runs over two logical CPUs, once for the module."""
+    return run_child("mirrored", child_env("tensorflow"))
+
+
 @tensorflow_only
-def test_mirrored_over_two_logical_cpus_matches_one_device():
-    result = run_child("mirrored", child_env("tensorflow"))
+def test_mirrored_over_two_logical_cpus_matches_one_device(mirrored_run):
+    result = mirrored_run
     assert result["replicas"] == 2
     assert result["variable_type"] == "MirroredVariable"
     assert "MirroredStrategy, 2 replicas" in result["describe"]
@@ -219,6 +241,21 @@ def test_mirrored_over_two_logical_cpus_matches_one_device():
     # Keras 3 fit hands tf.distribute the global batch, and it splits every batch
     # across the replicas, even those of varying size (4 rows, then 3).
     assert result["split"] == [[2, 2], [2, 1]]
+
+
+@tensorflow_only
+def test_mirrored_loss_is_the_mean_over_all_real_tokens_when_replicas_hold_unequal_numbers(
+    mirrored_run,
+):
+    result = mirrored_run
+    # Step 1: one replica holds 2 real target tokens, the other 10; steps 2-3: 3 rows
+    # split 2 + 1, with 6 and 5. The logged loss and the update are those of one device
+    # on the whole batch, not an average of the two replicas' means.
+    global_mean, mean_of_replica_means = result["uneven_initial"]
+    np.testing.assert_allclose(result["uneven_single"][0], global_mean, rtol=LOSS_RTOL)
+    assert abs(mean_of_replica_means - global_mean) > 100 * LOSS_RTOL * global_mean
+    np.testing.assert_allclose(result["uneven_mirrored"], result["uneven_single"], rtol=LOSS_RTOL)
+    assert result["uneven_weight_difference"] < WEIGHT_ATOL
 
 
 @pytest.mark.slow  # 26-71 s here, depending on the load of the shared machine
@@ -251,6 +288,8 @@ def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
     results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 
     reference, _, _ = distributed_child.fit_losses("default")
+    uneven_data = distributed_child.dataset(pairs=distributed_child.uneven_batch())
+    uneven_reference, _, _ = distributed_child.fit_losses("default", data=uneven_data)
     for index, result in enumerate(results):
         assert result["engine"] == "KerasMultiWorkerMirroredStrategy"  # what "auto" picked
         assert result["same_engine"]  # the scope reused the strategy made at startup
@@ -258,6 +297,7 @@ def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
         assert result["is_chief"] is (index == 0)
         assert result["checkpoint"]
         np.testing.assert_allclose(result["losses"], reference, rtol=LOSS_RTOL)
+        np.testing.assert_allclose(result["uneven"], uneven_reference, rtol=LOSS_RTOL)
     assert (tmp_path / "chief" / "model.weights.h5").exists()
 
 
@@ -277,6 +317,8 @@ def test_jax_data_and_model_parallel_over_two_host_devices_match_one_device():
         single, _, _ = distributed_child.fit_losses("default")
         odd = distributed_child.dataset(3)
         single_odd, _, _ = distributed_child.fit_losses("default", data=odd)
+        uneven_data = distributed_child.dataset(pairs=distributed_child.uneven_batch())
+        single_uneven, _, _ = distributed_child.fit_losses("default", data=uneven_data)
         stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
     finally:
         if child.poll() is None:
@@ -288,6 +330,9 @@ def test_jax_data_and_model_parallel_over_two_host_devices_match_one_device():
     assert result["replicas"] == 2
     np.testing.assert_allclose(result["data_parallel"], single, rtol=LOSS_RTOL)
     assert single[-1] < single[0]
+    # One program over the global batch: the mean over all real tokens, however they
+    # fall on the devices.
+    np.testing.assert_allclose(result["data_parallel_uneven"], single_uneven, rtol=LOSS_RTOL)
     assert result["after_scope"] == "None"  # the scope restored the global distribution
 
     assert result["model_parallel_replicas"] == 1

@@ -67,3 +67,38 @@ def test_token_embedding_reverse_logits_are_float32_under_bfloat16():
     hidden = layer(np.array([[4, 5]], "int32"))
     assert keras.backend.standardize_dtype(hidden.dtype) == "bfloat16"
     assert keras.backend.standardize_dtype(layer(hidden, reverse=True).dtype) == "float32"
+
+
+@pytest.mark.parametrize("bad_id", [32, 99, -1, -32], ids=["vocab_size", "far_above", "minus_1", "minus_vocab_size"])
+def test_ids_outside_the_vocabulary_embed_as_nan_never_as_another_token(bad_id):
+    """Inside compiled calls ids cannot be checked: a bad id must be loud on every backend.
+
+    Gathered as it is, -1 would wrap around to the last row on every backend, and 32
+    would raise, read zeros or give NaN depending on the backend and device.
+    """
+    layer = TokenEmbedding(vocab_size=32, d_model=8)
+    embedded = to_numpy(layer(np.array([[4, bad_id, 31, 0]], "int32")))
+    matrix = to_numpy(layer.embeddings)
+    assert np.isnan(embedded[0, 1]).all()
+    np.testing.assert_allclose(embedded[0, [0, 2, 3]], matrix[[4, 31, 0]] * math.sqrt(8), rtol=1e-6)
+
+
+class _SymbolicLength:
+    """A length known only symbolically (as JAX's shape-polymorphic export traces one)."""
+
+    def __gt__(self, other):
+        raise TypeError("Symbolic dimension comparison 'b' > '8' is inconclusive")
+
+
+class _Traced:
+    shape = (2, _SymbolicLength(), 4)
+
+
+def test_length_check_lets_symbolic_lengths_through():
+    """Keras' `model.export` on JAX traces with symbolic lengths; the check must not compare them."""
+    from keras_transformer.layers.embedding import _check_length
+
+    _check_length(_Traced(), max_length=8)  # no comparison, no error
+    _check_length(np.zeros((1, 8, 4)), max_length=8)
+    with pytest.raises(ValueError, match="Sequence length 9 exceeds max_length=8"):
+        _check_length(np.zeros((1, 9, 4)), max_length=8)

@@ -1,14 +1,19 @@
-"""Faults: crashes mid-write, a SIGKILL mid-epoch, a NaN mid-training. Nothing good is lost.
+"""Faults: crashes mid-write, a SIGKILL mid-epoch, a NaN mid-training, a run refused late,
+a damaged or mismatched model directory. Nothing good is lost, nothing wrong is used.
 
 Each test makes one fault happen on purpose and checks what survives it: the previous
 export or file, whole and loadable; the training run, resumed from its backup to the
 same number of optimizer steps as a run that was never killed; the checkpoints written
-before a NaN. docs/errors_and_limits.md lists the same cases.
+before a NaN; the model directory a refused run was pointed at, byte for byte; a
+tokenizer that is not the model's, or a cut file, refused with its name.
+tests/test_fault_injection.py kills whole training runs at random points.
+docs/errors_and_limits.md lists the same cases.
 """
 
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -360,3 +365,133 @@ def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp
     for resumed_weight, weight in zip(model.weights, uninterrupted.weights):
         np.testing.assert_allclose(to_numpy(resumed_weight), to_numpy(weight), atol=1e-6)
     assert not os.path.exists(model_dir / model_directory.BACKUP_DIR)  # a finished run clears it
+
+
+# ---------------------------------------------------------------- a run refused late
+def _corpus_files(directory, pairs):
+    directory.mkdir()
+    (directory / "train.en").write_text("".join(source + "\n" for source, _ in pairs))
+    (directory / "train.de").write_text("".join(target + "\n" for _, target in pairs))
+    return directory
+
+
+def test_a_run_refused_by_its_corpus_leaves_the_model_directory_as_it_was(tmp_path, tiny_dir):
+    """The user's case: a refusal after the tokenizer was made once deleted checkpoints/."""
+    from keras_transformer.model.directory import load_model_and_tokenizer
+    from keras_transformer.train.run import run_training
+    from keras_transformer.train.run_config import RunConfig
+
+    # A finished run (with the user's notes beside it), to be replaced with overwrite.
+    model_dir = tmp_path / "runs" / "tiny"
+    shutil.copytree(tiny_dir, model_dir)
+    (model_dir / "checkpoints").mkdir()
+    shutil.copy(model_dir / "model.keras", model_dir / "checkpoints" / "epoch_001.weights.h5")
+    (model_dir / "notes.txt").write_text("mine")
+    before = tree_digest(model_dir)
+    # Every pair is longer than max_length=8: make_dataset refuses it, after the tokenizer.
+    long_pairs = [(f"{s} {s}", f"{s} {s}") for s in ("cats see houses and gardens", "dogs like cars and trees")] * 20
+    config = RunConfig(
+        name="tiny", output_dir=str(tmp_path / "runs"), corpus="files",
+        data_dir=str(_corpus_files(tmp_path / "corpus", long_pairs)), validation_split="", test_split="",
+        vocab_size=40, epochs=1, overwrite=True, verbose=0, tokens_per_batch=64,
+        model=dict(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, max_length=8),
+    )
+    with pytest.raises(ValueError, match="No pair fits max_length=8"):
+        run_training(config, print_fn=lambda line: None)
+    assert tree_digest(model_dir) == before  # checkpoints, tokenizer, model: as they were
+    assert sorted(os.listdir(tmp_path / "runs")) == ["tiny"]  # no staging, no lock left
+    load_model_and_tokenizer(str(model_dir))
+
+
+def test_a_token_budget_below_the_largest_bucket_is_refused_before_anything_is_read(tmp_path):
+    from keras_transformer.train.run_config import RunConfig
+
+    with pytest.raises(ValueError, match=r"`tokens_per_batch` must be >= the largest bucket boundary \(64"):
+        RunConfig(output_dir=str(tmp_path), model={"max_length": 64}, tokens_per_batch=63)
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- the parts of a model directory
+def _model_dir_copy(tiny_dir, directory, *, manifest=True):
+    """A copy of the tiny model directory, with the manifest a training run writes."""
+    from keras_transformer.data.tokenizer import SubwordTokenizer
+    from keras_transformer.model.directory import write_manifest
+
+    shutil.copytree(tiny_dir, directory)
+    if manifest:
+        write_manifest(directory, SubwordTokenizer.load(directory))
+    return directory
+
+
+def _tokenizer_of_another_corpus(size):
+    """A tokenizer of `size` pieces trained on other text (each sentence spelled backwards)."""
+    from tiny_translation import tiny_sentences
+
+    return kt.train_tokenizer([s[::-1] for s in tiny_sentences()], vocab_size=size, model_type="bpe")
+
+
+def test_a_tokenizer_of_the_same_size_from_another_corpus_is_refused(tmp_path, tiny_dir):
+    from keras_transformer.model.directory import load_model_and_tokenizer
+
+    directory = _model_dir_copy(tiny_dir, tmp_path / "model")
+    model, own = load_model_and_tokenizer(directory)
+    other = _tokenizer_of_another_corpus(own.vocab_size)
+    assert other.vocab_size == own.vocab_size == model.config.vocab_size
+    assert other.fingerprint != own.fingerprint
+    message = r"is not the tokenizer .* was trained with: its sha256 is [0-9a-f]{16}\.\.\., manifest.json records"
+    with pytest.raises(ValueError, match=message):  # given with the directory
+        load_model_and_tokenizer(directory, tokenizer=other)
+    other.save(str(directory))  # the wrong tokenizer.model in the directory itself
+    with pytest.raises(ValueError, match="tokenizer.model " + message):
+        load_model_and_tokenizer(directory)
+    with pytest.raises(ValueError, match=message):
+        kt.Translator(directory)
+
+
+def test_a_directory_without_a_manifest_still_loads_checked_by_size(tmp_path, tiny_dir):
+    """0.1 directories have no manifest.json: they load, and only the sizes are compared."""
+    from keras_transformer.model.directory import load_model_and_tokenizer
+
+    directory = _model_dir_copy(tiny_dir, tmp_path / "model", manifest=False)
+    model, tokenizer = load_model_and_tokenizer(directory)
+    assert tokenizer.vocab_size == model.config.vocab_size
+    _tokenizer_of_another_corpus(tokenizer.vocab_size).save(str(directory))
+    load_model_and_tokenizer(directory)  # the documented limit: same size, not detected
+
+
+def _cut(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _flip_middle(path):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(255 - b for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated_model", "damaged_model", "empty_model", "truncated_tokenizer", "corrupt_manifest"]
+)
+def test_a_damaged_model_directory_is_refused_naming_the_file(tmp_path, tiny_dir, damage):
+    from keras_transformer.model.directory import load_model_and_tokenizer
+
+    directory = _model_dir_copy(tiny_dir, tmp_path / "model")
+    if damage == "truncated_model":
+        _cut(directory / "model.keras")
+        message = r"model.keras is corrupt or truncated: it is not a .keras \(zip\) archive"
+    elif damage == "damaged_model":
+        _flip_middle(directory / "model.keras")
+        message = r"model.keras is corrupt: "
+    elif damage == "empty_model":
+        (directory / "model.keras").write_bytes(b"")
+        message = r"model.keras is corrupt or truncated: it is not a .keras \(zip\) archive \(0 bytes\)"
+    elif damage == "truncated_tokenizer":
+        _cut(directory / "tokenizer.model", keep=0.9)
+        message = r"tokenizer.model is not the tokenizer .* It is corrupt \(truncated or damaged\)"
+    else:
+        (directory / "manifest.json").write_text('{"format": 1, "tokenizer_sha256": ')
+        message = r"manifest.json is corrupt: JSONDecodeError"
+    with pytest.raises(ValueError, match=message):
+        load_model_and_tokenizer(directory)

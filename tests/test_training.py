@@ -1,6 +1,7 @@
 """Tests of compile_transformer / make_optimizer, a real fit, and train() end to end."""
 
 import csv
+import json
 import os
 
 import keras
@@ -143,7 +144,7 @@ def corpus_dir(tmp_path_factory):
 
 def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
     from keras_transformer.model.directory import (
-        CHECKPOINT_DIR, CONFIG_FILE, CSV_LOG_FILE, CURVES_FILE, MODEL_FILE, TOKENIZER_FILE,
+        CHECKPOINT_DIR, CONFIG_FILE, CSV_LOG_FILE, CURVES_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE,
     )
     from keras_transformer.train.run import run_training
     from keras_transformer.train.run_config import RunConfig
@@ -188,7 +189,10 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
     assert 0.0 <= float(rows[0]["val_bleu"]) <= 100.0
     assert os.path.getsize(os.path.join(model_dir, CURVES_FILE)) > 5000
     assert os.listdir(os.path.join(model_dir, CHECKPOINT_DIR)) == ["epoch_001.weights.h5"]
-    assert not os.path.exists(os.path.join(model_dir, "backup"))  # deleted once fit ends
+    assert not os.path.exists(os.path.join(model_dir, "backup"))  # deleted once the run is saved
+    with open(os.path.join(model_dir, MANIFEST_FILE)) as file:
+        assert json.load(file)["tokenizer_sha256"] == tokenizer.fingerprint
+    assert os.listdir(tmp_path) == ["tiny"]  # staged beside it, renamed into place, nothing left
 
 
 def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
@@ -214,41 +218,121 @@ def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
 
 
 # ------------------------------------------------- an existing model directory
-def _finished_run(directory):
+def _finished_run(directory, config_text="earlier run"):
     directory.mkdir(parents=True)
-    for name in ("model.keras", "tokenizer.model", "config.toml", "metrics.json", "training_log.csv"):
+    for name in ("model.keras", "tokenizer.model", "metrics.json", "training_log.csv"):
         (directory / name).write_text("earlier run")
+    (directory / "config.toml").write_text(config_text)
     (directory / "checkpoints").mkdir()
     (directory / "1").mkdir()  # a TF Serving export of the earlier model
     (directory / "notes.txt").write_text("the user's own file")
 
 
-def test_a_finished_run_is_refused_and_replaced_only_on_request(tmp_path):
-    from keras_transformer.train.run import prepare_model_directory
+def _staged_run(directory, config, *, backup=True, manifest=False):
+    """What a run of `config` leaves in its staging directory when it is killed."""
+    directory.mkdir(parents=True)
+    (directory / "config.toml").write_text(config.to_toml(config.model_config()))
+    kt.train_tokenizer(SOURCE_WORDS + TARGET_WORDS, vocab_size=24).save(str(directory))
+    (directory / "model.keras").write_text("the new run")
+    if backup:
+        (directory / "backup").mkdir()
+    if manifest:
+        (directory / "manifest.json").write_text("{}")
+
+
+def test_a_finished_run_is_refused_and_replaced_whole_only_on_request(tmp_path):
+    from keras_transformer.train.run_directory import plan_model_directory, replace_with_staged_run
     from keras_transformer.train.run_config import RunConfig
 
     _finished_run(tmp_path / "demo")
     config = RunConfig(name="demo", output_dir=str(tmp_path))
     with pytest.raises(FileExistsError, match=r"already holds a finished run \(1, checkpoints, config.toml"):
-        prepare_model_directory(config)
+        plan_model_directory(config)
     assert (tmp_path / "demo" / "model.keras").read_text() == "earlier run"  # untouched
 
-    lines = []
-    model_dir, resuming = prepare_model_directory(config.replace(overwrite=True), lines.append)
-    assert (model_dir, resuming) == (str(tmp_path / "demo"), False)
-    assert sorted(os.listdir(model_dir)) == ["notes.txt"]  # only the user's own file is left
-    assert "replaced the earlier run's 1, checkpoints" in lines[0] and "kept notes.txt" in lines[0]
+    plan = plan_model_directory(config.replace(overwrite=True))
+    assert (plan.target, plan.staging, plan.resuming) == (
+        str(tmp_path / "demo"), str(tmp_path / ".demo.staging"), False)
+    assert plan.replaces == ("1", "checkpoints", "config.toml", "metrics.json", "model.keras",
+                             "tokenizer.model", "training_log.csv")
+    assert plan.keeps == ("notes.txt",)
+    assert (tmp_path / "demo" / "model.keras").read_text() == "earlier run"  # planning reads only
+
+    _staged_run(tmp_path / ".demo.staging", config, manifest=True)
+    replace_with_staged_run(plan.staging, plan.target)
+    assert sorted(os.listdir(tmp_path)) == ["demo"]  # no staging, no retired run left
+    assert sorted(os.listdir(tmp_path / "demo")) == [
+        "config.toml", "manifest.json", "model.keras", "notes.txt", "tokenizer.model"]
+    assert (tmp_path / "demo" / "model.keras").read_text() == "the new run"
+    assert (tmp_path / "demo" / "notes.txt").read_text() == "the user's own file"
 
 
-def test_an_interrupted_run_resumes_and_keeps_its_files(tmp_path):
-    from keras_transformer.train.run import prepare_model_directory
+def test_an_interrupted_run_resumes_only_with_the_same_settings(tmp_path):
+    from keras_transformer.train.run_directory import plan_model_directory
     from keras_transformer.train.run_config import RunConfig
 
-    _finished_run(tmp_path / "demo")
+    config = RunConfig(name="demo", output_dir=str(tmp_path), epochs=3)
+    _staged_run(tmp_path / ".demo.staging", config)
+    # What a resumed run may change: epochs, time budget, logging, strategy.
+    same = config.replace(epochs=5, max_train_seconds=60.0, verbose=0, strategy="", overwrite=False)
+    plan = plan_model_directory(same)
+    assert plan.resuming and plan.staging == str(tmp_path / ".demo.staging") and not plan.discards
+
+    other = config.with_overrides(["model.d_model=32", "training.warmup_steps=10", "seed=1"])
+    message = (r"holds an interrupted run of other settings \(model.d_model: 64 there, 32 now; "
+               r"seed: 0 there, 1 now; training.warmup_steps: 4000 there, 10 now\)")
+    with pytest.raises(ValueError, match=message):
+        plan_model_directory(other)
+    plan = plan_model_directory(other.replace(overwrite=True))
+    assert not plan.resuming and "discarded, as overwrite is true" in plan.discards
+    assert os.path.isdir(tmp_path / ".demo.staging" / "backup")  # discarded only once it writes
+
+
+def test_an_interrupted_run_without_a_backup_starts_again(tmp_path):
+    from keras_transformer.train.run_directory import plan_model_directory
+    from keras_transformer.train.run_config import RunConfig
+
+    config = RunConfig(name="demo", output_dir=str(tmp_path))
+    _staged_run(tmp_path / ".demo.staging", config.replace(seed=7), backup=False)  # killed in epoch 1
+    plan = plan_model_directory(config)
+    assert not plan.resuming and "finished no epoch: started again" in plan.discards
+
+
+def test_a_run_interrupted_in_place_by_an_earlier_version_resumes_there(tmp_path):
+    from keras_transformer.train.run_directory import plan_model_directory
+    from keras_transformer.train.run_config import RunConfig
+
+    config = RunConfig(name="demo", output_dir=str(tmp_path))
+    _finished_run(tmp_path / "demo", config.to_toml(config.model_config()))
     (tmp_path / "demo" / "backup").mkdir()
-    model_dir, resuming = prepare_model_directory(RunConfig(name="demo", output_dir=str(tmp_path)), print)
-    assert resuming
+    plan = plan_model_directory(config)
+    assert plan.resuming and plan.in_place and plan.staging == str(tmp_path / "demo")
     assert (tmp_path / "demo" / "model.keras").read_text() == "earlier run"
+    with pytest.raises(ValueError, match=r"interrupted run of other settings \(vocab_size: 8000 there, 64 now\)"):
+        plan_model_directory(config.replace(vocab_size=64))
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", ".hidden", "a/b", "/abs", "a\\b", "a\0b"])
+def test_a_name_that_is_not_a_plain_directory_name_is_refused(name, monkeypatch):
+    from keras_transformer.train.run_config import RunConfig
+
+    monkeypatch.setattr(os, "altsep", "\\")  # as on Windows: a\b would leave output_dir
+    with pytest.raises(ValueError, match="`name` must be a plain directory name"):
+        RunConfig(name=name)
+    with pytest.raises(ValueError, match="`name` must be a plain directory name"):
+        RunConfig().with_overrides([f"name={name}"])
+
+
+def test_a_token_budget_below_the_largest_bucket_is_refused_with_the_config():
+    from keras_transformer.train.run_config import RunConfig
+
+    message = (r"`tokens_per_batch` must be >= the largest bucket boundary \(64, the \[model\] "
+               r"max_length\), so the longest example fits in a batch. Received: tokens_per_batch=32")
+    with pytest.raises(ValueError, match=message):
+        RunConfig(model={"max_length": 64}, tokens_per_batch=32)
+    with pytest.raises(ValueError, match=message):
+        RunConfig(model={"max_length": 64}).with_overrides(["tokens_per_batch=32"])
+    assert RunConfig(model={"max_length": 64}, tokens_per_batch=64, bucket_width=24).bucket_boundaries() == [24, 48, 64]
 
 
 def test_fit_on_a_dataset_does_not_warn_about_shuffle():

@@ -6,6 +6,7 @@ decoding (see tiny_translation.py), or checks an input rule from the bad-input l
 
 import concurrent.futures
 import random
+import warnings
 
 import keras
 import numpy as np
@@ -184,3 +185,32 @@ def test_pad_batch_pads_length_to_multiples_of_8_and_rows_to_powers_of_2():
     np.testing.assert_array_equal(padded, expected)
     assert pad_batch([[4] * 9], max_length=12, batch_size=64).shape == (1, 12)  # capped
     assert pad_batch([[4]] * 5, max_length=16, batch_size=6).shape == (6, 8)  # at most batch_size
+
+
+def test_a_translator_made_before_quantize_retraces_and_decodes_like_a_new_one(model_dir, sentences):
+    # Its own copy of the model (the session's translator is shared): quantize changes it.
+    old = Translator(model_dir, beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE, jit_compile=False)
+    _, float_scores = old.translate(sentences, return_scores=True)
+    traces = old.decoder.trace_count
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras names each layer it leaves in float
+        old.model.quantize("int8")  # new variables: int8 kernels and their scales
+    translations, scores = old.translate(sentences, return_scores=True)
+    new = Translator(old.model, old.tokenizer, beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE, jit_compile=False)
+    assert (translations, scores) == new.translate(sentences, return_scores=True)
+    assert scores != float_scores  # a stale program would still give the float model's
+    if keras.backend.backend() != "torch":  # PyTorch decodes eagerly: nothing is traced
+        assert old.decoder.trace_count > traces
+
+
+def test_translate_command_line_rules_run_as_their_examples_say():
+    """`kt-translate`'s line rules (`split_lines`, `one_line`): the docstring examples run."""
+    import doctest
+
+    from keras_transformer.cli import translate
+
+    failures, tried = doctest.testmod(translate, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert tried >= 2 and failures == 0
+    lines, invalid = translate.split_lines(b"\xef\xbb\xbfa\x1cb\r\r\n\xe2\x80\xa8\n")
+    assert lines == ["a\x1cb\r", "\u2028"] and invalid == []  # BOM dropped; one "\r" only
+    assert translate.split_lines(b"") == ([], []) and translate.split_lines(b"\n") == ([""], [])

@@ -41,8 +41,8 @@ def main(argv=None):
         output_dir, paths = average_model_directory(
             args.model_dir, args.last, args.output_dir, overwrite=args.overwrite
         )
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
+    except common.COMMAND_ERRORS as error:
+        common.fail(parser, error)
     print(f"Averaged {len(paths)} checkpoints:")
     for path in paths:
         print(f"  {path}")

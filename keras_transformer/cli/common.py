@@ -10,6 +10,9 @@
   `--length-penalty`, `--max-extra`, `--batch-size` (kt-translate, kt-evaluate,
   kt-export), with the paper's defaults defined once in `inference.decoding`.
 - `write_metrics`: scores as `MODEL_DIR/metrics.json` (kt-evaluate, kt-demo).
+- `fail` / `COMMAND_ERRORS`: a missing file, a bad value or a corrupt model directory
+  ends a command with one line, `kt-xxx: error: ...`, and exit status 2 (argparse's),
+  never a traceback.
 
 This module imports only the standard library at its top, so that the package can
 import it before Keras.
@@ -21,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+import zipfile
 
 # The commands, by their module in this package; `kt-<name>` runs `<module>.main`.
 COMMANDS = ("train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo")
@@ -38,6 +42,14 @@ _LOG_LINE = re.compile(
 )
 _ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _SEVERITY = {"I": 0, "W": 1, "E": 2}  # a level of N drops the severities below N
+
+# What a command reports in one line instead of a traceback: missing or unreadable
+# files (OSError), bad values and corrupt files (ValueError; the package names the
+# file), a file holding the wrong kind of object (TypeError), and a damaged zip that a
+# library let through (BadZipFile, which is none of these).
+COMMAND_ERRORS = (OSError, ValueError, TypeError, zipfile.BadZipFile)
+# kt-train and kt-demo: what run_training raises for bad input (a TypeError there is a bug).
+TRAINING_ERRORS = (OSError, ValueError)
 
 
 def is_command_process():
@@ -138,18 +150,30 @@ def add_config_arguments(parser, *, default_config=None):
 
 
 def read_run_config(parser, args):
-    """The `RunConfig` of `args.config` with `args.overrides`; a bad one ends via `parser.error`."""
+    """The `RunConfig` of `args.config` with `args.overrides`; a bad one ends the command (`fail`)."""
     from keras_transformer.train.run_config import RunConfig
 
     try:
         return RunConfig.from_toml(args.config, args.overrides)
     except (OSError, ValueError) as error:
-        parser.error(str(error))
+        fail(parser, error)
 
 
 def overrides_set(args, key):
     """Whether one of the `--set` overrides assigns `key` (e.g. "overwrite")."""
     return any(assignment.partition("=")[0].strip() == key for assignment in args.overrides)
+
+
+def fail(parser, error):
+    """Ends the command: `<prog>: error: <message>` on one line of stderr, exit status 2.
+
+    Like `parser.error`, less the usage text, which is no help when the arguments were
+    right and a file was not. A message over several lines is joined into one.
+    """
+    message = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, zipfile.BadZipFile):
+        message = f"a corrupt zip archive (.keras file): {message}"
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
 
 
 # ------------------------------------------------------------------------- decoding
@@ -222,4 +246,7 @@ __all__ = [
     "add_decoding_arguments",
     "decoding_settings",
     "write_metrics",
+    "fail",
+    "COMMAND_ERRORS",
+    "TRAINING_ERRORS",
 ]

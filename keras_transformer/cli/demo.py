@@ -125,10 +125,10 @@ def main(argv=None):
 
     try:
         result = run_training(config)
-    except FileExistsError as error:
-        parser.error(str(error))
+    except common.TRAINING_ERRORS as error:
+        common.fail(parser, error)
 
-    test_pairs = load_corpus(config)["test"]
+    test_pairs = load_corpus(config)["test"]  # the demo corpus is generated again, seeded: the same pairs
     sources = [source for source, _ in test_pairs]
     references = [reference for _, reference in test_pairs]
     started = time.monotonic()

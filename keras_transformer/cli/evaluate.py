@@ -46,14 +46,17 @@ def main(argv=None):
         if not sources:
             raise ValueError(f"{args.source} is empty: there is nothing to score")
         translator = Translator(args.model_dir, **common.decoding_settings(args))
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
+    except common.COMMAND_ERRORS as error:
+        common.fail(parser, error)
     scores, translations = evaluate(translator, sources, references, return_translations=True)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as file:
-            file.writelines(line + "\n" for line in translations)
-    if args.write_metrics:
-        common.write_metrics(args.model_dir, scores)
+    try:
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as file:
+                file.writelines(line + "\n" for line in translations)
+        if args.write_metrics:
+            common.write_metrics(args.model_dir, scores)
+    except OSError as error:
+        common.fail(parser, error)
     print(json.dumps(scores, indent=2))
     return 0
 

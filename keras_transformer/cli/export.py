@@ -64,8 +64,8 @@ def main(argv=None):
             ids_only=args.ids_only,
             **common.decoding_settings(args),
         )
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
+    except common.COMMAND_ERRORS as error:
+        common.fail(parser, error)
     print(f"SavedModel written to {path}")
     if args.check:
         translations, scores = translate_with_saved_model(path, args.check)

@@ -17,8 +17,9 @@ def main(argv=None):
         prog="kt-train",
         description="Train a Transformer as described by a TOML run config; writes the "
         "model, tokenizer, config, CSV/TensorBoard logs and a training-curve PNG into "
-        "<output_dir>/<name>/. A killed run started again resumes where it stopped; a "
-        "finished one is replaced only with --set overwrite=true.",
+        "<output_dir>/<name>/, whole when the run ends (until then it is written in "
+        "<output_dir>/.<name>.staging/). A killed run started again resumes where it "
+        "stopped; a finished one is replaced only with --set overwrite=true.",
     )
     common.add_config_arguments(parser)
     args = parser.parse_args(argv)
@@ -28,8 +29,8 @@ def main(argv=None):
 
     try:
         run_training(config)  # prints where it writes, and what it trained
-    except FileExistsError as error:  # a finished run in the model directory
-        parser.error(str(error))
+    except common.TRAINING_ERRORS as error:  # a finished run in the way, a bad corpus, ...
+        common.fail(parser, error)
     return 0
 
 

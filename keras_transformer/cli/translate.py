@@ -4,15 +4,25 @@ Sentences come from the command line, from a file (`--input`), or from standard 
 one per line; translations go to standard output (or `--output`), one per line, in the
 same order. A progress bar is shown on standard error for files and standard input.
 
+Lines are what `split_lines` says: they end at "\\n" only (one "\\r" before it is
+dropped), so the output has exactly one line per input line whatever characters a
+line holds; bytes that are not UTF-8 are read as U+FFFD, with a warning naming their
+lines. The exit status is 0 when every line was translated, 2 for a usage error (a
+missing model or input file), 1 when translating or writing failed.
+
 Example:
     kt-translate --model-dir saved_models/demo "on May 29, 2048"
     kt-translate --model-dir saved_models/demo --greedy < sentences.txt > out.txt
 """
 
 import argparse
+import codecs
 import sys
 
 from keras_transformer.cli import common
+
+# Line numbers named in the warning about invalid UTF-8, at most.
+_SHOWN_LINE_NUMBERS = 10
 
 
 def main(argv=None):
@@ -34,30 +44,110 @@ def main(argv=None):
 
     if args.text:
         sentences, progress = list(args.text), False
-    elif args.input:
-        try:
-            with open(args.input, encoding="utf-8") as file:
-                sentences = file.read().splitlines()
-        except OSError as error:
-            parser.error(str(error))
-        progress = True
     else:
-        sentences, progress = sys.stdin.read().splitlines(), True
+        try:
+            data = _read_bytes(args.input)
+        except OSError as error:
+            common.fail(parser, error)
+        sentences, invalid = split_lines(data)
+        if invalid:
+            _warn_invalid_utf8(args.input or "standard input", invalid)
+        progress = True
 
     from keras_transformer.inference.translator import Translator
 
     try:
         translator = Translator(args.model_dir, **common.decoding_settings(args))
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
-    translations, scores = translator.translate(sentences, return_scores=True, progress=progress)
-    lines = [f"{score:.4f}\t{text}" if args.scores else text for text, score in zip(translations, scores)]
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as file:
-            file.writelines(line + "\n" for line in lines)
-    else:
-        sys.stdout.writelines(line + "\n" for line in lines)
+    except common.COMMAND_ERRORS as error:
+        common.fail(parser, error)
+    try:
+        translations, scores = translator.translate(sentences, return_scores=True, progress=progress)
+    except (TypeError, ValueError) as error:
+        common.fail(parser, f"nothing was translated: {error}")
+    lines = [
+        f"{score:.4f}\t{one_line(text)}" if args.scores else one_line(text)
+        for text, score in zip(translations, scores)
+    ]
+    text = "".join(line + "\n" for line in lines)
+    try:
+        if args.output:
+            from keras_transformer.atomic import write_text_atomically
+
+            write_text_atomically(args.output, text)  # whole, or the old file kept
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except OSError as error:
+        common.fail(parser, f"could not write the translations: {error}")
     return 0
+
+
+def split_lines(data):
+    """The lines of `data` (bytes) as `kt-translate` reads them, and those not UTF-8.
+
+    A line ends at "\\n" only, and one "\\r" before it is dropped (Windows line ends);
+    a last line without "\\n" counts, and a final "\\n" starts no new line. The other
+    characters that `str.splitlines` breaks at ("\\x0b", "\\x0c", "\\x1c"-"\\x1e",
+    "\\x85", "\\u2028", "\\u2029") and a "\\r" inside a line stay in their line, so that
+    each input line gets exactly one output line. A UTF-8 byte order mark at the start
+    is dropped. Bytes that are not UTF-8 are read as U+FFFD.
+
+    Returns:
+        `(lines, invalid)`: the lines as str, and the 1-based numbers of the lines that
+        held bytes that are not UTF-8.
+
+    Example:
+    >>> split_lines(b"one\\r\\ntwo\\x0bstill two\\n\\nfour \\xff\\n")
+    (['one', 'two\\x0bstill two', '', 'four �'], [4])
+    """
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    pieces = data.split(b"\n")
+    if pieces[-1] == b"":
+        pieces.pop()
+    lines, invalid = [], []
+    for number, piece in enumerate(pieces, start=1):
+        if piece.endswith(b"\r"):
+            piece = piece[:-1]
+        try:
+            lines.append(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(piece.decode("utf-8", "replace"))
+            invalid.append(number)
+    return lines, invalid
+
+
+def one_line(text):
+    """`text` with its line breaks ("\\r\\n", "\\n", "\\r") made spaces: one output line.
+
+    Example:
+    >>> one_line("a\\nb\\r\\nc")
+    'a b c'
+    """
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+
+
+def _read_bytes(path):
+    """The bytes of the file at `path`, or of standard input when `path` is None."""
+    if path is not None:
+        with open(path, "rb") as file:
+            return file.read()
+    stdin = getattr(sys.stdin, "buffer", None)
+    if stdin is not None:
+        return stdin.read()
+    # A text stream without bytes below it (a test's StringIO): its lone surrogates
+    # become bytes that are not UTF-8, and are read as U+FFFD like any other.
+    return sys.stdin.read().encode("utf-8", "surrogatepass")
+
+
+def _warn_invalid_utf8(source, numbers):
+    shown = ", ".join(str(number) for number in numbers[:_SHOWN_LINE_NUMBERS])
+    more = f" and {len(numbers) - _SHOWN_LINE_NUMBERS} more" if len(numbers) > _SHOWN_LINE_NUMBERS else ""
+    print(
+        f"kt-translate: warning: {source}: line(s) {shown}{more} are not valid UTF-8; "
+        "their invalid bytes were read as U+FFFD and translated as such.",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,12 @@ def main(argv=None):
     try:
         model, tokenizer = load_model_and_tokenizer(args.model_dir)
         maps = attention_maps(model, tokenizer, args.source, args.target)
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
-    path = plot_attention_maps(maps, args.output, dpi=args.dpi)
+    except common.COMMAND_ERRORS as error:
+        common.fail(parser, error)
+    try:
+        path = plot_attention_maps(maps, args.output, dpi=args.dpi)
+    except OSError as error:  # an output path that cannot be written
+        common.fail(parser, error)
     print(
         f"Attention maps of {len(maps.source_tokens)} source and {len(maps.target_tokens)} "
         f"target tokens written to {path}"

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_transformer import checks
+from keras_transformer.data.tokenizer import lone_surrogate_position
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ _BUCKET_GROWTH = 1.5
 
 # Sentences are tokenized this many at a time: tf-text is much faster on batches.
 _TOKENIZE_BATCH_SIZE = 1024
+
+# Marks the in-graph id check's error, so that `make_dataset` can tell it from others.
+OUT_OF_VOCABULARY = "token ids out of vocabulary"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,20 +136,38 @@ def bucket_batch_sizes(bucket_boundaries, tokens_per_batch):
     return [max(1, tokens_per_batch // boundary) for boundary in bucket_boundaries]
 
 
-def tokenize_pairs(pairs, tokenizer):
+def tokenize_pairs(pairs, tokenizer, vocab_size=None):
     """Token ids of both sides of each pair, without BOS or EOS.
 
     Args:
         pairs: `tf.data.Dataset` of `(source, target)` scalar tf.string pairs.
         tokenizer: a `SubwordTokenizer` (anything whose `tokenize` maps a
             tf.string [B] tensor to an int32 ragged [B, None] tensor).
+        vocab_size: int or None. When given, every id is checked to lie in
+            `[0, vocab_size)` as it is made: iterating raises
+            `InvalidArgumentError` (`OUT_OF_VOCABULARY` in its message) at the
+            first batch of sentences that holds an id outside.
 
     Returns:
         `tf.data.Dataset` of `(source_ids, target_ids)`, int32 vectors.
     """
 
+    def checked(ids):
+        if vocab_size is None:
+            return ids
+        message = f"{OUT_OF_VOCABULARY}: the tokenizer made ids outside [0, vocab_size={vocab_size})"
+        ragged = isinstance(ids, tf.RaggedTensor)
+        values = ids.flat_values if ragged else ids
+        asserts = [
+            tf.debugging.assert_non_negative(values, message=message),
+            tf.debugging.assert_less(values, tf.constant(vocab_size, values.dtype), message=message),
+        ]
+        with tf.control_dependencies(asserts):
+            values = tf.identity(values)
+        return ids.with_flat_values(values) if ragged else values
+
     def tokenize(source, target):
-        return tokenizer.tokenize(source), tokenizer.tokenize(target)
+        return checked(tokenizer.tokenize(source)), checked(tokenizer.tokenize(target))
 
     return (
         pairs.batch(_TOKENIZE_BATCH_SIZE)
@@ -300,6 +322,7 @@ def make_dataset(
     repeat=False,
     shuffle_buffer_size=None,
     batch_shuffle_buffer_size=1024,
+    vocab_size=None,
 ):
     """Batches of `({"encoder_inputs", "decoder_inputs"}, labels)` from sentence pairs.
 
@@ -336,14 +359,20 @@ def make_dataset(
         shuffle_buffer_size: int, examples in the shuffle buffer; default all
             kept examples (a full shuffle).
         batch_shuffle_buffer_size: int, batches in the batch shuffle buffer.
+        vocab_size: int, the model's vocabulary size: every id is checked to lie
+            in `[0, vocab_size)` while the data is counted, before any batch is
+            made, and a tokenizer whose `vocab_size` is larger is refused at once.
+            Defaults to the tokenizer's `vocab_size` (when it has one).
 
     Returns:
         `BatchedDataset(dataset, stats)`: the `tf.data.Dataset` and its
         `LengthStats`.
 
     Raises:
-        ValueError: a bad argument, a pair that is not two str, no pairs at
-            all, or no pair short enough for `max_length` (with "drop").
+        ValueError: a bad argument, a pair that is not two str (or holds a lone
+            surrogate, which UTF-8 cannot encode), no pairs at all, no pair short
+            enough for `max_length` (with "drop"), or a token id outside
+            `[0, vocab_size)`.
 
     Example:
 
@@ -375,12 +404,21 @@ def make_dataset(
             f"Received: tokens_per_batch={tokens_per_batch!r}"
         )
 
-    tokenized = tokenize_pairs(_as_string_pairs(pairs), tokenizer)
+    vocab_size = _checked_vocab_size(vocab_size, tokenizer)
+    tokenized = tokenize_pairs(_as_string_pairs(pairs), tokenizer, vocab_size)
     if cache:
         tokenized = tokenized.cache()
-    stats = count_lengths(
-        tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong
-    )
+    try:
+        stats = count_lengths(
+            tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong
+        )
+    except tf.errors.InvalidArgumentError as error:
+        if OUT_OF_VOCABULARY not in error.message:
+            raise
+        raise ValueError(
+            f"The tokenizer made token ids outside [0, vocab_size={vocab_size}); no batch "
+            f"was made. Were the tokenizer and the model trained together? ({error.message})"
+        ) from None
     logger.info("make_dataset: %s", stats)
     if stats.total == 0:
         raise ValueError(
@@ -455,6 +493,21 @@ def _checked_boundaries(bucket_boundaries, max_length):
     return boundaries
 
 
+def _checked_vocab_size(vocab_size, tokenizer):
+    """The vocabulary size to check ids against: `vocab_size`, else the tokenizer's."""
+    tokenizer_size = getattr(tokenizer, "vocab_size", None)
+    if vocab_size is None:
+        return tokenizer_size if checks.is_int(tokenizer_size) else None
+    checks.check_positive_int("vocab_size", vocab_size)
+    if checks.is_int(tokenizer_size) and tokenizer_size > vocab_size:
+        raise ValueError(
+            f"The tokenizer's vocab_size ({tokenizer_size}) is larger than vocab_size="
+            f"{vocab_size}: its ids would not all fit the model's embedding. Were they "
+            "trained together?"
+        )
+    return vocab_size
+
+
 def _as_string_pairs(pairs):
     """A `tf.data.Dataset` of scalar string `(source, target)` pairs."""
     if isinstance(pairs, tf.data.Dataset):
@@ -481,6 +534,15 @@ def _as_string_pairs(pairs):
                 "`pairs` must be (source, target) pairs of str. "
                 f"Received: {pair!r} at index {index}"
             )
+        for side, text in zip(("source", "target"), pair):
+            position = lone_surrogate_position(text)
+            if position is not None:
+                raise ValueError(
+                    f"The {side} of the pair at index {index} is not valid Unicode: it "
+                    f"holds the lone surrogate {text[position]!r} at character {position}, "
+                    "which UTF-8 cannot encode. Decode the corpus with errors='replace' "
+                    "or fix it."
+                )
     sources = [source for source, _ in pairs]
     targets = [target for _, target in pairs]
     return tf.data.Dataset.from_tensor_slices(

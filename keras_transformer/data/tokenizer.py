@@ -23,6 +23,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
 )
 
 from keras_transformer.atomic import write_bytes_atomically
+from keras_transformer.model import directory as model_directory
 from keras_transformer.special_tokens import (
     BOS_ID,
     BOS_PIECE,
@@ -34,8 +35,9 @@ from keras_transformer.special_tokens import (
     UNK_PIECE,
 )
 
-MODEL_FILENAME = "tokenizer.model"
-"""Name of the sentencepiece model file that `save` writes and `load` looks for."""
+# The sentencepiece model file that `save` writes and `load` looks for: the model
+# directory's `tokenizer.model`, named once in `keras_transformer.model.directory`.
+MODEL_FILENAME = model_directory.TOKENIZER_FILE
 
 MODEL_TYPES = ("unigram", "bpe")
 
@@ -98,6 +100,15 @@ class SubwordTokenizer(tf.Module):
         return self._model_proto
 
     @property
+    def fingerprint(self):
+        """The sha256 of the model bytes, as hex: what a model directory records of its tokenizer.
+
+        Two tokenizers with the same vocabulary size but trained on other text have
+        different fingerprints, so `load_model_and_tokenizer` can tell them apart.
+        """
+        return hashlib.sha256(self._model_proto).hexdigest()
+
+    @property
     def vocab_size(self):
         """Number of pieces, special tokens included: the model's vocabulary size."""
         return self._processor.GetPieceSize()
@@ -155,13 +166,22 @@ class SubwordTokenizer(tf.Module):
         return text[0] if single else text
 
     def encode(self, sentences):
-        """Token ids of each sentence, without BOS or EOS (Python lists)."""
+        """Token ids of each sentence, without BOS or EOS (Python lists).
+
+        Raises:
+            ValueError: a sentence holds a lone surrogate (U+D800-U+DFFF), which
+                UTF-8 cannot encode; the message names the sentence's index and the
+                character's position (`replace_lone_surrogates` makes it encodable).
+        """
         if isinstance(sentences, str):
             raise TypeError(
                 "`sentences` must be a list of strings, not one string. "
                 f"Received: {sentences!r}"
             )
-        return self._processor.Encode(list(sentences), out_type=int)
+        sentences = list(sentences)
+        for index, sentence in enumerate(sentences):
+            check_encodable(sentence, f"Sentence {index}")
+        return self._processor.Encode(sentences, out_type=int)
 
     def decode(self, ids):
         """Text of each id sequence, cut at the first EOS, without PAD or BOS."""
@@ -216,6 +236,46 @@ class SubwordTokenizer(tf.Module):
             ) from error
 
         return keras_hub.tokenizers.SentencePieceTokenizer(proto=self._model_proto)
+
+
+def lone_surrogate_position(text):
+    """Index in `text` of its first lone surrogate, or None when UTF-8 can encode it all.
+
+    A Python str can hold surrogate code points (U+D800-U+DFFF) that UTF-8 cannot
+    encode: bytes decoded with "surrogateescape" (command-line arguments, file names),
+    JSON "\\ud800" escapes, UTF-16 text cut in the middle of a pair.
+    """
+    if not isinstance(text, str):
+        return None  # not text: the caller's type check names it
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.start
+    return None
+
+
+def check_encodable(text, what):
+    """Raises ValueError naming `what` and the position unless UTF-8 can encode `text`."""
+    position = lone_surrogate_position(text)
+    if position is not None:
+        raise ValueError(
+            f"{what} is not valid Unicode: it holds the lone surrogate "
+            f"{text[position]!r} at character {position}, which UTF-8 cannot encode. "
+            "Decode the text with errors='replace', or call replace_lone_surrogates."
+        )
+
+
+def replace_lone_surrogates(text):
+    """`text` with each lone surrogate replaced by U+FFFD; a surrogate pair is joined.
+
+    Example:
+
+    >>> replace_lone_surrogates("a\\ud800b") == "a\\ufffdb"
+    True
+    >>> replace_lone_surrogates("\\ud83d\\ude00") == "\\U0001f600"  # a pair: one emoji
+    True
+    """
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 class _SharedModelResource(tf.saved_model.experimental.TrackableResource):

@@ -15,7 +15,16 @@
 A `CompiledDecoder` traces once per distinct `[B, S]` input shape (plus dtype), so
 batches bucketed to the same shape reuse one compiled program; `trace_count` counts
 the traces (a Python side effect inside the traced function runs only when tracing).
+
+A traced program knows the variables that existed when it was traced: one made before
+`Dense.enable_lora` (`Transformer.enable_lora`) or `model.quantize` would go on running
+the old computation. So each call compares the model's variables (the objects, by
+identity) with those of the last build and, when they differ, builds afresh and
+retraces. The comparison is one pass over `model.variables` per call, small beside
+a decode.
 """
+
+import threading
 
 import keras
 from keras import ops
@@ -47,7 +56,8 @@ class CompiledDecoder:
             `max_length`, `max_extra`, `return_all_beams`).
 
     Attributes:
-        trace_count: int, how many times the function was traced (0 on PyTorch).
+        trace_count: int, how many times the function was traced (0 on PyTorch),
+            retraces after a change of the model's variables included.
 
     Example:
 
@@ -75,12 +85,31 @@ class CompiledDecoder:
                 f"CompiledDecoder supports the tensorflow, jax and torch backends. "
                 f"Received: backend={self.backend!r}"
             )
-        self._function = builders[self.backend]()
+        self._builder = builders[self.backend]
+        self._build_lock = threading.Lock()
+        self._build(list(self.model.variables))
+
+    def _build(self, variables):
+        # The list holds the variables themselves, so their ids cannot be reused by
+        # new objects while they are compared against.
+        self._variables = variables
+        self._function = self._builder(variables)
+
+    def _current_function(self):
+        """The compiled function, rebuilt first if the model's variables changed."""
+        variables = list(self.model.variables)
+        if not _same_objects(variables, self._variables):
+            with self._build_lock:
+                if not _same_objects(variables, self._variables):
+                    self._build(variables)
+        return self._function
 
     def _decode(self, encoder_inputs):
         return _METHODS[self.method](self.model, encoder_inputs, **self.decode_kwargs)
 
-    def _build_tensorflow(self):
+    def _build_tensorflow(self, variables):
+        # tf.function captures the variables it reads while tracing, by reference.
+        del variables
         import tensorflow as tf
 
         def traced(encoder_inputs):
@@ -89,10 +118,8 @@ class CompiledDecoder:
 
         return tf.function(traced, jit_compile=self.jit_compile, reduce_retracing=True)
 
-    def _build_jax(self):
+    def _build_jax(self, variables):
         import jax
-
-        variables = self.model.variables
 
         def pure(values, encoder_inputs):
             self.trace_count += 1  # runs only while tracing
@@ -102,7 +129,9 @@ class CompiledDecoder:
         jitted = jax.jit(pure)
         return lambda encoder_inputs: jitted([v.value for v in variables], encoder_inputs)
 
-    def _build_torch(self):
+    def _build_torch(self, variables):
+        # Eager: every call reads the variables as they are.
+        del variables
         import torch
 
         def run(encoder_inputs):
@@ -112,7 +141,12 @@ class CompiledDecoder:
         return run
 
     def __call__(self, encoder_inputs):
-        return self._function(ops.cast(ops.convert_to_tensor(encoder_inputs), "int32"))
+        function = self._current_function()
+        return function(ops.cast(ops.convert_to_tensor(encoder_inputs), "int32"))
+
+
+def _same_objects(first, second):
+    return len(first) == len(second) and all(a is b for a, b in zip(first, second))
 
 
 __all__ = ["CompiledDecoder"]

@@ -12,6 +12,14 @@ that runs on every backend; no Python function is left in it. Signatures:
   padded with 0) -> `output_ids` int32 `[B, L]` (ending with EOS, then 0),
   `score` float32 `[B]`: for clients that tokenize themselves.
 
+A server passes tensors to a signature as they come, whatever shape the signature
+declares, so the inputs are declared with any shape and checked in the graph, each
+check raising `InvalidArgumentError` with a message that names the input: `text` must
+be a vector `[B]`; `encoder_inputs` must be `[B, S]` with `S <= max_length` (a longer
+source would be decoded past the positions the model was built for) and ids in
+`[0, vocab_size)` (a negative id would wrap around to the end of the embedding table).
+The dtype (string, int32) is enforced by TensorFlow at the signature.
+
 A SavedModel that holds tokenizer ops cannot be loaded by a server that lacks them,
 whatever signature is called, so `ids_only=True` exports a graph with no
 tensorflow-text op at all, whose `serving_default` is `translate_ids`.
@@ -63,7 +71,44 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
     """A `tf.Module` with the model's variables, the tokenizer and the decode functions."""
     import tensorflow as tf  # Only on the TF backend, checked by the caller.
 
-    max_source_tokens = model.config.max_length - 1  # room for EOS
+    max_length = model.config.max_length
+    max_source_tokens = max_length - 1  # room for EOS
+    vocab_size = model.config.vocab_size
+
+    def checked_ids(encoder_inputs):
+        """`encoder_inputs`, after in-graph checks of its rank, length and id range."""
+        rank = tf.debugging.assert_rank(
+            encoder_inputs, 2, message="`encoder_inputs` must have shape [batch, length]"
+        )
+        with tf.control_dependencies([rank]):
+            encoder_inputs = _as_rank(encoder_inputs, 2)
+        in_range = [
+            tf.debugging.assert_less_equal(
+                tf.shape(encoder_inputs)[1],
+                max_length,
+                message=f"`encoder_inputs` is longer than max_length={max_length} "
+                f"(at most {max_source_tokens} source ids and EOS)",
+            ),
+            tf.debugging.assert_non_negative(
+                encoder_inputs,
+                message=f"`encoder_inputs` holds token ids outside [0, vocab_size={vocab_size})",
+            ),
+            tf.debugging.assert_less(
+                encoder_inputs,
+                tf.constant(vocab_size, tf.int32),
+                message=f"`encoder_inputs` holds token ids outside [0, vocab_size={vocab_size})",
+            ),
+        ]
+        with tf.control_dependencies(in_range):
+            return tf.identity(encoder_inputs)
+
+    def checked_text(text):
+        """`text`, after an in-graph check that it is a vector of strings."""
+        rank = tf.debugging.assert_rank(
+            text, 1, message="`text` must be a vector [batch] of strings, one sentence each"
+        )
+        with tf.control_dependencies([rank]):
+            return _as_rank(text, 1)
 
     def decode(encoder_inputs):
         if beam_size == 1:
@@ -73,11 +118,12 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
         )
 
     def translate_ids(encoder_inputs):
-        tokens, scores = decode(encoder_inputs)
+        tokens, scores = decode(checked_ids(encoder_inputs))
         return {"output_ids": tokens, "score": scores}
 
     def translate_text(text):
         # Same rules as `Translator`: cut to fit EOS in, and no text -> "" (score 0).
+        text = checked_text(text)
         ids = tokenizer.tokenize(text)[:, :max_source_tokens]
         eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
         ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
@@ -90,16 +136,35 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
     # Tracked, so that the variables and the tokenizer resource the functions capture
     # are saved. The Keras model itself is only closed over: it holds nothing more.
     module.model_variables = list(model.variables)
+    # Any shape (None): the rank is checked in the graph, with a message (module docstring).
     module.translate_ids = tf.function(
         translate_ids,
-        input_signature=[tf.TensorSpec([None, None], tf.int32, name="encoder_inputs")],
+        input_signature=[tf.TensorSpec(None, tf.int32, name="encoder_inputs")],
     )
     if tokenizer is not None:
         module.tokenizer = tokenizer
         module.translate_text = tf.function(
-            translate_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")]
+            translate_text, input_signature=[tf.TensorSpec(None, tf.string, name="text")]
         )
     return module
+
+
+def _as_rank(tensor, rank):
+    """`tensor` reshaped to `rank` (1 or 2) dimensions, its last one kept: for after an assert.
+
+    The rank assert raises at run time, with its message. But TensorFlow specializes a
+    called function to the shapes it is given and folds shape computations (the batch
+    size, a slice, `tf.ensure_shape`) while it optimizes the graph, before any op runs:
+    given another rank, those would fail first, with messages that name no input. A
+    reshape that keeps every element is valid for any rank, so nothing fails but the
+    assert. A valid input (empty ones included) is returned unchanged.
+    """
+    import tensorflow as tf
+
+    if rank == 1:
+        return tf.reshape(tensor, [-1])
+    shape = tf.concat([[1], tf.shape(tensor)], axis=0)  # a scalar's is [1]
+    return tf.reshape(tensor, tf.stack([tf.reduce_prod(shape[:-1]), shape[-1]]))
 
 
 def export_saved_model(

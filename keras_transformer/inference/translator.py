@@ -19,6 +19,7 @@ import numpy as np
 
 from keras_transformer import checks
 from keras_transformer.data.pipeline import default_bucket_boundaries
+from keras_transformer.data.tokenizer import lone_surrogate_position, replace_lone_surrogates
 from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
 from keras_transformer.model.directory import load_model_and_tokenizer
@@ -44,7 +45,10 @@ class Translator:
     and index. A sentence that is empty or whitespace only (nothing to tokenize)
     translates to `""` without being decoded. A sentence longer than the model's
     `max_length` (counting its EOS) is cut to fit, with a `UserWarning` naming its index
-    and both lengths.
+    and both lengths. A sentence holding a lone surrogate (U+D800-U+DFFF, which UTF-8
+    cannot encode: bytes decoded with "surrogateescape", a JSON "\\ud800" escape) is
+    translated with U+FFFD in place of each one, with a `UserWarning` naming its index
+    and the position; the other sentences of the call are not affected.
 
     One `Translator` may be shared by threads: calls into the compiled decoder are
     serialized by a lock (the decoder is one compiled program, so this costs no
@@ -164,7 +168,10 @@ class Translator:
     # ------------------------------------------------------------------ internals
     def _source_ids(self, sentences):
         """Encoder input ids of each sentence (with EOS), or [] where there is no text."""
-        encoded = self.tokenizer.encode(sentences)
+        texts = []
+        for index, text in enumerate(sentences):  # a loop: `_encodable` warns at stacklevel 4
+            texts.append(_encodable(text, index))
+        encoded = self.tokenizer.encode(texts)
         result = []
         for index, ids in enumerate(encoded):
             if not ids:
@@ -239,6 +246,21 @@ def _checked_sentences(sentences):
                 f"({sentence!r:.80}) at index {index}"
             )
     return sentences
+
+
+def _encodable(text, index):
+    """`text`, or a copy with U+FFFD for each lone surrogate (with a warning naming it)."""
+    position = lone_surrogate_position(text)
+    if position is None:
+        return text
+    warnings.warn(
+        f"Input {index} is not valid Unicode: it holds the lone surrogate {text[position]!r} "
+        f"at character {position}, which UTF-8 cannot encode; it is translated with "
+        "U+FFFD in place of each lone surrogate.",
+        UserWarning,
+        stacklevel=4,
+    )
+    return replace_lone_surrogates(text)
 
 
 def _progress_bar(total, enabled):

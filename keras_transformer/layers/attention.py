@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import masks as masks_lib
-from keras_transformer.checks import check_positive_int, check_rate
+from keras_transformer.checks import check_bool, check_positive_int, check_rate
 from keras_transformer.layers.initializers import clone_initializer
 
 
@@ -84,6 +84,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if output_dim is not None:
             check_positive_int("output_dim", output_dim)
         check_rate("dropout", dropout)
+        check_bool("use_bias", use_bias)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.value_dim = value_dim if value_dim is not None else key_dim

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.checks import check_positive_int
+from keras_transformer.checks import check_bool, check_positive_int
 from keras_transformer.layers.initializers import clone_initializer
 
 # Positions use wavelengths up to 10000 * 2 pi (Vaswani et al., 2017, 3.5).
@@ -23,6 +23,13 @@ class TokenEmbedding(keras.layers.Layer):
 
     The default initializer, normal with stddev `d_model^-0.5`, makes the scaled
     embeddings unit-variance (as tensor2tensor does) and keeps tied logits of order one.
+
+    An id outside `[0, vocab_size)` embeds as NaN, on every backend. Left to the
+    backends, a negative id would wrap around to the end of the table everywhere and a
+    too-large one would raise (TensorFlow on CPU), read zeros (TensorFlow on GPU) or
+    NaN (JAX): inside compiled `fit` and `predict`, where ids cannot be checked, a bad
+    id must be loud, never another token's embedding. Eager calls of the model refuse
+    such ids before they get here.
 
     Args:
         vocab_size: int. Number of tokens.
@@ -46,6 +53,7 @@ class TokenEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("d_model", d_model)
+        check_bool("scale", scale)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)
         self.vocab_size = vocab_size
@@ -66,7 +74,10 @@ class TokenEmbedding(keras.layers.Layer):
             kernel = ops.cast(self.embeddings, inputs.dtype)
             logits = ops.matmul(inputs, ops.transpose(kernel))
             return ops.cast(logits, "float32")
-        outputs = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)
+        ids = ops.cast(inputs, "int32")
+        in_range = ops.logical_and(ops.greater_equal(ids, 0), ops.less(ids, self.vocab_size))
+        outputs = ops.take(self.embeddings, ops.where(in_range, ids, 0), axis=0)
+        outputs = ops.where(ops.expand_dims(in_range, -1), outputs, float("nan"))
         outputs = ops.cast(outputs, self.compute_dtype)
         if self.scale:
             outputs = outputs * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
@@ -207,8 +218,14 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
 
 def _check_length(inputs, max_length):
+    """Raises if the static length exceeds `max_length`; a symbolic length passes.
+
+    Only a plain int is compared: while tracing, the length is None (TensorFlow) or a
+    symbolic dimension (JAX's shape-polymorphic export, which Keras' `model.export`
+    uses), and comparing one of those with an int fails or is inconclusive.
+    """
     length = inputs.shape[-2]
-    if length is not None and length > max_length:
+    if isinstance(length, int) and length > max_length:
         raise ValueError(
             f"Sequence length {length} exceeds max_length={max_length}. "
             f"Received: inputs.shape={tuple(inputs.shape)}"

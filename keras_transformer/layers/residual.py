@@ -3,7 +3,12 @@
 import keras
 
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
-from keras_transformer.checks import check_positive_int, check_rate
+from keras_transformer.checks import (
+    check_bool,
+    check_positive_int,
+    check_positive_number,
+    check_rate,
+)
 from keras_transformer.layers.initializers import clone_initializer
 
 # Default `context` of `_attention_sublayer`: attend to the sub-layer input itself. A
@@ -53,6 +58,9 @@ class ResidualBlock(keras.layers.Layer):
         check_rate("dropout", dropout)
         check_rate("attention_dropout", attention_dropout)
         check_rate("activation_dropout", activation_dropout)
+        check_bool("norm_first", norm_first)
+        # A NaN or infinite epsilon would make every normalized output NaN or zero.
+        check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.dropout = dropout

@@ -8,6 +8,7 @@ evaluation and the command-line tools:
 model.keras            the trained model (architecture, weights, optimizer state)
 tokenizer.model        the joint sentencepiece vocabulary
 config.toml            the RunConfig that produced it, [model] and [training] resolved
+manifest.json          what the run's parts are: the tokenizer's sha256 (its fingerprint)
 training_log.csv       one row per epoch (CSVLogger)
 training_curves.png    loss / accuracy / learning rate / BLEU per epoch
 logs/                  TensorBoard event files
@@ -16,16 +17,28 @@ backup/                BackupAndRestore's state while a run is unfinished
 metrics.json           test scores written by kt-demo and kt-evaluate --write-metrics
 ```
 
-`load_model_and_tokenizer(model_dir)` reads the first two back, and
-`read_model_config(model_dir)` the model's `TransformerConfig` without its weights;
-`RunConfig.from_toml(os.path.join(model_dir, "config.toml"))` gives the run back.
+`load_model_and_tokenizer(model_dir)` reads the first two back and checks that the
+tokenizer is the one the model was trained with (the manifest's fingerprint; a
+directory without a manifest, written by 0.1 or by hand, is checked by vocabulary size
+only), and `read_model_config(model_dir)` gives the model's `TransformerConfig`
+without its weights; `RunConfig.from_toml(os.path.join(model_dir, "config.toml"))`
+gives the run back. A `model.keras` or `tokenizer.model` that is truncated or corrupt
+is refused with a `ValueError` that names the file.
+
+While a run trains, its directory is written beside the target, in the hidden
+`.<name>.staging/` (see `keras_transformer.train.run`), and renamed into place when it
+is complete, so `saved_models/<name>/` is always a whole run: the old one or the new.
 """
 
+import hashlib
 import json
 import os
 import zipfile
+import zlib
 
 import keras
+
+from keras_transformer.atomic import write_text_atomically
 
 # The names of a model directory's parts, defined once. tests/test_callbacks.py checks
 # the tokenizer agrees.
@@ -39,9 +52,20 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"  # Keras fills in the 1-based epoch
 BACKUP_DIR = "backup"
 METRICS_FILE = "metrics.json"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1  # the version of manifest.json's layout
+# What reading a damaged zip archive raises; a missing or unreadable file
+# (FileNotFoundError, PermissionError) is not a damaged one and keeps its own error.
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, KeyError, json.JSONDecodeError, UnicodeDecodeError)
 
 def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
     """The `(Transformer, SubwordTokenizer)` of a model directory, or the ones given.
+
+    From a directory with a `manifest.json`, the tokenizer (the directory's own, or the
+    one given) must be the one recorded there: its sha256 is compared, so a tokenizer
+    of the same vocabulary size trained on other text is refused, as is a damaged
+    copy. Without a manifest (a 0.1 directory, or one made by hand) only the
+    vocabulary sizes are compared.
 
     Args:
         model_dir_or_model: a directory with `model.keras` (and `tokenizer.model`
@@ -49,23 +73,22 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
         tokenizer: a `SubwordTokenizer`, a path to one, or None (the directory's).
 
     Returns:
-        `(model, tokenizer)`, checked to share one vocabulary size.
+        `(model, tokenizer)`, checked to belong together.
 
     Raises:
-        FileNotFoundError, TypeError, ValueError: with what was received.
+        FileNotFoundError: a missing `model.keras` or `tokenizer.model`.
+        ValueError: a corrupt or truncated file (named), or a tokenizer that is not
+            the model's.
+        TypeError: arguments of the wrong kind.
     """
     from keras_transformer.data.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
     from keras_transformer.model.transformer import Transformer
 
+    manifest = None
     if isinstance(model_dir_or_model, (str, os.PathLike)):
         model_dir = os.fspath(model_dir_or_model)
-        model_path = os.path.join(model_dir, MODEL_FILE)
-        if not os.path.isfile(model_path):
-            raise FileNotFoundError(
-                f"No {MODEL_FILE} in the model directory {model_dir!r}; expected the "
-                "file written by model.save()."
-            )
-        model = keras.models.load_model(model_path, compile=False, safe_mode=True)
+        model = load_model_file(os.path.join(model_dir, MODEL_FILE))
+        manifest = read_manifest(model_dir)
         if tokenizer is None:
             tokenizer = model_dir
     elif isinstance(model_dir_or_model, Transformer):
@@ -85,19 +108,128 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
             f"{MODEL_FILE} must hold a keras_transformer.Transformer. "
             f"Received: {type(model).__name__}"
         )
+    source = "the tokenizer given"
     if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = SubwordTokenizer.load(tokenizer)
+        source = os.fspath(tokenizer)
+        if os.path.isdir(source):
+            source = os.path.join(source, TOKENIZER_FILE)
+        if manifest is not None and os.path.isfile(source):
+            # Before the file is parsed: a cut copy may still parse, as a smaller vocabulary.
+            with open(source, "rb") as file:
+                _check_fingerprint(hashlib.sha256(file.read()).hexdigest(), manifest, source, model_dir)
+        tokenizer = SubwordTokenizer.load(source)
     if not isinstance(tokenizer, SubwordTokenizer):
         raise TypeError(
             "`tokenizer` must be a SubwordTokenizer or the path of a tokenizer.model. "
             f"Received: {type(tokenizer).__name__}"
         )
+    if manifest is not None:
+        _check_fingerprint(tokenizer.fingerprint, manifest, source, model_dir)
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(
             f"The tokenizer's vocab_size ({tokenizer.vocab_size}) differs from the model's "
             f"config.vocab_size ({model.config.vocab_size}): they were not trained together."
         )
     return model, tokenizer
+
+
+def _check_fingerprint(fingerprint, manifest, source, model_dir):
+    """Raises ValueError unless `fingerprint` is the tokenizer sha256 the manifest records."""
+    expected = manifest["tokenizer_sha256"]
+    if fingerprint != expected:
+        raise ValueError(
+            f"{source} is not the tokenizer {model_dir} was trained with: its sha256 is "
+            f"{fingerprint[:16]}..., {MANIFEST_FILE} records {expected[:16]}.... It is "
+            "corrupt (truncated or damaged) or another run's tokenizer, whose ids would "
+            f"mean other words to this model; put back the run's own {TOKENIZER_FILE}."
+        )
+
+
+def load_model_file(path):
+    """The model of a `model.keras` file, loaded in safe mode without compiling.
+
+    The file is checked whole first (`check_model_file`), so a truncated or damaged
+    one is refused with its name instead of Keras' "File not found" or `BadZipFile`.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        ValueError: the file is truncated or corrupt (named), or Keras refuses it.
+    """
+    path = check_model_file(path)
+    try:
+        return keras.models.load_model(path, compile=False, safe_mode=True)
+    except _ARCHIVE_ERRORS as error:
+        raise ValueError(f"{path} is corrupt: {type(error).__name__}: {error}") from error
+
+
+def check_model_file(path):
+    """Checks that a `model.keras` file is a whole zip archive; returns `path`.
+
+    Keras says "File not found" of a truncated archive, raises `BadZipFile` from deep
+    inside a damaged one, and, when reading the weights whole fails, reads them again
+    in pieces, where a damaged byte may go unnoticed. So every member's checksum is
+    verified here (`ZipFile.testzip`: one more read of the file, about a second per GB).
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        ValueError: the file is truncated or corrupt, with its path.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"No {MODEL_FILE} in the model directory {os.path.dirname(path)!r}; expected the "
+            "file written by model.save()."
+        )
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{path} is corrupt or truncated: it is not a .keras (zip) archive "
+            f"({os.path.getsize(path)} bytes). Copy it again, or train again."
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except _ARCHIVE_ERRORS as error:
+        raise ValueError(f"{path} is corrupt: {type(error).__name__}: {error}") from error
+    if damaged is not None:
+        raise ValueError(f"{path} is corrupt: the checksum of {damaged} inside it does not match")
+    return path
+
+
+def write_manifest(model_dir, tokenizer):
+    """Writes `model_dir/manifest.json`, recording the tokenizer's fingerprint; returns its path.
+
+    Written atomically: a reader sees no manifest, or a whole one.
+    """
+    manifest = {"format": MANIFEST_FORMAT, "tokenizer_sha256": tokenizer.fingerprint}
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    return write_text_atomically(os.path.join(os.fspath(model_dir), MANIFEST_FILE), text)
+
+
+def read_manifest(model_dir):
+    """The manifest of a model directory as a dict, or None where it has none (0.1).
+
+    Raises:
+        ValueError: the file is not a manifest (corrupt, or of a newer format).
+    """
+    path = os.path.join(os.fspath(model_dir), MANIFEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            manifest = json.load(file)
+        layout, fingerprint = manifest["format"], manifest["tokenizer_sha256"]
+        if not (isinstance(fingerprint, str) and len(fingerprint) == 64):
+            raise ValueError(f"tokenizer_sha256={fingerprint!r} is not a sha256")
+        if not isinstance(layout, int) or layout < 1:
+            raise ValueError(f"format={layout!r} is not a format number")
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is corrupt: {type(error).__name__}: {error}") from None
+    if layout > MANIFEST_FORMAT:
+        raise ValueError(
+            f"{path} has format {layout}, newer than this package reads "
+            f"({MANIFEST_FORMAT}): upgrade keras-transformer."
+        )
+    return manifest
 
 
 def read_model_config(model_dir):
@@ -119,16 +251,21 @@ def read_model_config(model_dir):
         with zipfile.ZipFile(path) as archive:
             saved = json.loads(archive.read("config.json"))
         values = saved["config"]["config"]
-    except (zipfile.BadZipFile, KeyError, ValueError) as error:
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, ValueError) as error:
         raise ValueError(
-            f"{path} is not a .keras file of a keras_transformer model ({error})."
+            f"{path} is not a .keras file of a keras_transformer model: corrupt, truncated "
+            f"or another kind of file ({type(error).__name__}: {error})."
         ) from None
     return TransformerConfig.from_dict(values)
 
 
 __all__ = [
     "load_model_and_tokenizer",
+    "load_model_file",
+    "check_model_file",
     "read_model_config",
+    "write_manifest",
+    "read_manifest",
     "MODEL_FILE",
     "TOKENIZER_FILE",
     "CONFIG_FILE",
@@ -139,4 +276,5 @@ __all__ = [
     "CHECKPOINT_PATTERN",
     "BACKUP_DIR",
     "METRICS_FILE",
+    "MANIFEST_FILE",
 ]

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer import checks
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.model.stacks import build_stacks
 
@@ -62,13 +63,13 @@ class Transformer(keras.Model):
         self.decoder_stack = decoder_stack
 
     def call(self, inputs, training=None, mask=None):
-        # Eager calls check token ids: out-of-range ids would otherwise give NaN logits
-        # on JAX and fail differently on each other backend. Inside compiled
-        # functions (fit, predict, tf.function, jax.jit) values are not known, so the
-        # check happens at the data and translation boundaries instead.
+        # Eager calls check token ids and raise, naming the first bad one. Inside
+        # compiled functions (fit, predict, tf.function, jax.jit) values are not known:
+        # there the token embedding makes an out-of-range id's row NaN, so the outcome
+        # is loud (NaN logits, a NaN loss that stops training), never a wrapped-around id.
         if isinstance(inputs, dict):
             for key in ("encoder_inputs", "decoder_inputs"):
-                if key in inputs and _is_concrete(inputs[key]):
+                if key in inputs and checks.is_concrete(inputs[key]):
                     check_token_ids(inputs[key], self.config.vocab_size, name=key)
         return super().call(inputs, training=training, mask=mask)
 
@@ -84,6 +85,61 @@ class Transformer(keras.Model):
         if not shuffle_given and _is_dataset(x):
             kwargs["shuffle"] = False
         return super().fit(x, y, *args, **kwargs)
+
+    def enable_lora(self, rank, lora_alpha=None):
+        """Low-rank adaptation (LoRA) of every `Dense` layer; afterwards only LoRA trains.
+
+        Calls Keras' `Dense.enable_lora` on each projection of attention (query, key,
+        value, output) and of the feed-forward network, and on the untied
+        `output_projection`: each kernel `W` is frozen and the layer computes with
+        `W + (lora_alpha / rank) * A @ B`, with `A [in, rank]` and `B [rank, out]`
+        trainable float32 weights (`lora_kernel_a`, `lora_kernel_b`; B starts at zero,
+        so the model is unchanged until trained). Every other weight (biases, layer
+        norms, embeddings) is frozen too, so `fit` trains the LoRA matrices alone.
+        Compile the model after this call: the optimizer is built on the trainable
+        weights. Attention's fused projections read `Dense.kernel`, which includes the
+        LoRA term; a `Translator` made before this call retraces on its next call;
+        `save` writes each kernel with its LoRA term merged in.
+
+        Args:
+            rank: int > 0, the rank `r` of the update.
+            lora_alpha: number > 0, the update's scale numerator. Defaults to `rank`
+                (a scale of 1), Keras' default.
+
+        Raises:
+            ValueError: `rank` or `lora_alpha` is not positive, or LoRA is already on.
+
+        Example:
+        >>> model = kt.build_transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=32))
+        >>> model.enable_lora(4)
+        >>> sorted({w.path.rsplit("/", 1)[-1] for w in model.trainable_weights})
+        ['lora_kernel_a', 'lora_kernel_b']
+
+        References:
+            Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022.
+        """
+        checks.check_positive_int("rank", rank)
+        if lora_alpha is not None:
+            checks.check_positive_number("lora_alpha", lora_alpha)
+        # `_flatten_layers` reaches the Dense layers inside the blocks, as Keras' own
+        # `Model.quantize` does; `self.layers` lists the top-level layers only.
+        denses = [
+            layer
+            for layer in self._flatten_layers(include_self=False)
+            if isinstance(layer, keras.layers.Dense)
+        ]
+        if any(dense.lora_enabled for dense in denses):
+            raise ValueError(
+                "LoRA is already enabled on this model; Keras enables it once per layer. "
+                f"Received: rank={rank}"
+            )
+        for dense in denses:
+            dense.enable_lora(rank, lora_alpha=lora_alpha)
+        lora_weights = {
+            id(weight) for dense in denses for weight in (dense.lora_kernel_a, dense.lora_kernel_b)
+        }
+        for weight in self.weights:
+            weight.trainable = id(weight) in lora_weights
 
     # ----------------------------------------------------------------- pieces
     @property
@@ -171,13 +227,9 @@ def check_token_ids(token_ids, vocab_size, name="token_ids"):
         raise ValueError(
             f"`{name}` must have shape [batch, length]. Received: shape={values.shape}"
         )
-    bad = (values < 0) | (values >= vocab_size)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"`{name}` holds token id {int(values[where])} at position {where}, outside "
-            f"[0, vocab_size={vocab_size}). Was the data tokenized with another vocabulary?"
-        )
+    checks.check_ids_in_range(
+        name, values, vocab_size, what="token id", hint="Was the data tokenized with another vocabulary?"
+    )
 
 
 # `shuffle` is the 7th argument of `keras.Model.fit` after x and y (batch_size, epochs,
@@ -188,19 +240,6 @@ _FIT_SHUFFLE_POSITION = 7
 def _is_dataset(x):
     """True for batched data objects (tf.data, PyDataset, generators), not for arrays."""
     return x is not None and not hasattr(x, "shape") and not isinstance(x, (dict, list, tuple))
-
-
-def _is_concrete(x):
-    """True for a value known now (NumPy, eager TF, JAX array, torch tensor), False when traced."""
-    if isinstance(x, (np.ndarray, list, tuple)):
-        return True
-    cls = type(x)
-    module, name = cls.__module__, cls.__name__
-    return (
-        name == "EagerTensor"
-        or (module.startswith("jaxlib") and name == "ArrayImpl")
-        or (module.startswith("torch") and name == "Tensor")
-    )
 
 
 def build_transformer(config):

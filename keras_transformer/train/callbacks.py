@@ -21,6 +21,22 @@ from keras_transformer.train.checkpoints import prune_checkpoints, weights_are_f
 from keras_transformer import checks
 from keras_transformer.inference.decoding import BEAM_SIZE
 from keras_transformer.inference.evaluation import score_translations
+from keras_transformer.train.losses import NAN_LOSS_HINT
+
+
+class StopOnNaN(keras.callbacks.TerminateOnNaN):
+    """Keras' `TerminateOnNaN`, saying what a NaN loss usually means in this package.
+
+    Inside compiled steps a label or token id outside the vocabulary cannot raise; the
+    loss and the token embedding turn it into NaN on purpose, and this stop is where the
+    run says so, instead of Keras' bare "Invalid loss, terminating training".
+    """
+
+    def on_batch_end(self, batch, logs=None):
+        stopped = self.model.stop_training
+        super().on_batch_end(batch, logs)
+        if self.model.stop_training and not stopped:
+            warnings.warn(f"Training stopped at batch {batch}: the loss is {logs.get('loss')}. {NAN_LOSS_HINT}")
 
 
 class LearningRateLogger(keras.callbacks.Callback):
@@ -270,7 +286,7 @@ def default_callbacks(
 ):
     """The callbacks of a training run, writing into `model_dir`.
 
-    In order: `TimeBudget` (if `max_train_seconds`), `TerminateOnNaN`,
+    In order: `TimeBudget` (if `max_train_seconds`), `StopOnNaN` (Keras' `TerminateOnNaN`),
     `LearningRateLogger`, `BleuCallback` and `SampleTranslations` (if validation pairs
     and a tokenizer are given, and their counts are > 0), `KeepLastCheckpoints`
     (`checkpoints/epoch_NNN.weights.h5`, the last `keep_checkpoints`; none if 0),
@@ -307,7 +323,7 @@ def default_callbacks(
     callbacks = []
     if max_train_seconds:
         callbacks.append(TimeBudget(max_train_seconds))
-    callbacks += [keras.callbacks.TerminateOnNaN(), LearningRateLogger()]
+    callbacks += [StopOnNaN(), LearningRateLogger()]
     if validation_pairs:
         if bleu_every_epochs:
             callbacks.append(

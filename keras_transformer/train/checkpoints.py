@@ -124,7 +124,8 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=N
     files of `model_dir/checkpoints/` into it (`average_checkpoints`), and writes a
     complete model directory that `Translator`, `kt-translate`, `kt-evaluate` and
     `kt-export` accept: `model.keras` with the averaged weights (no optimizer state),
-    and copies of `tokenizer.model` and (when there is one) `config.toml`. The directory
+    copies of `tokenizer.model` and (when there is one) `config.toml`, and a
+    `manifest.json` with the tokenizer's fingerprint. The directory
     is filled under a hidden temporary name beside `output_dir` and renamed into place,
     so a crash leaves no half-written model. `kt-average-checkpoints` runs this.
 
@@ -150,7 +151,7 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=N
     # ('saved_models/base_averaged', [...epoch_016..., ..., ...epoch_020...])
     ```
     """
-    # Imported here, so that training (which imports this module) does not load the export code.
+    # Imported here: the model directory's loader imports the tokenizer (TensorFlow).
     from keras_transformer.model import directory as model_directory
 
     checks.check_positive_int("last", last)
@@ -171,25 +172,23 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=N
         )
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise FileExistsError(f"{output_dir} exists and is not a directory.")
+    # The model and its tokenizer, checked whole and against each other (the manifest's
+    # fingerprint, or the vocabulary size for directories without one).
+    model, tokenizer = model_directory.load_model_and_tokenizer(model_dir)
     checkpoint_dir = os.path.join(model_dir, model_directory.CHECKPOINT_DIR)
     paths = latest_checkpoints(checkpoint_dir, last) if os.path.isdir(checkpoint_dir) else []
     if not paths:
         raise FileNotFoundError(f"No checkpoints (*.weights.h5) in {checkpoint_dir}")
-    copied = [model_directory.TOKENIZER_FILE, model_directory.CONFIG_FILE]
-    for name in (model_directory.MODEL_FILE, model_directory.TOKENIZER_FILE):
-        if not os.path.isfile(os.path.join(model_dir, name)):
-            raise FileNotFoundError(f"No {name} in the model directory {model_dir}")
-    model = keras.saving.load_model(
-        os.path.join(model_dir, model_directory.MODEL_FILE), compile=False, safe_mode=True
-    )
     average_checkpoints(model, paths)
 
     def write(directory):
         os.makedirs(directory)
         model.save(os.path.join(directory, model_directory.MODEL_FILE))
-        for name in copied:
-            if os.path.isfile(os.path.join(model_dir, name)):  # config.toml is optional
-                shutil.copy2(os.path.join(model_dir, name), os.path.join(directory, name))
+        tokenizer.save(directory)
+        config = os.path.join(model_dir, model_directory.CONFIG_FILE)
+        if os.path.isfile(config):  # optional: a model directory made by hand has none
+            shutil.copy2(config, os.path.join(directory, model_directory.CONFIG_FILE))
+        model_directory.write_manifest(directory, tokenizer)  # the average knows its tokenizer
 
     # An empty directory (made by the user beforehand) is replaced without `overwrite`.
     write_directory_atomically(output_dir, write, overwrite=overwrite or os.path.isdir(output_dir))

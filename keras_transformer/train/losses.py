@@ -2,6 +2,14 @@
 
 The per-token helpers here are shared with `metrics.py`, so that the loss, masked
 accuracy and perplexity agree on which tokens count and how labels are read.
+
+A label outside `[0, vocab_size)` (other than the ignored padding id) is never turned
+into a finite number: gathered as it is, it would read another class's log-probability
+(negative labels wrap around on every backend), read garbage (PyTorch) or NaN (JAX).
+Where the labels' values can be read (eager calls, PyTorch's eager `fit`) the loss
+raises a `ValueError` naming the label and its position; inside compiled steps
+(TensorFlow's and JAX's `fit`) it cannot raise, so its value is NaN, which
+`keras.callbacks.TerminateOnNaN` (in the default callbacks) turns into a stop.
 """
 
 
@@ -13,6 +21,14 @@ from keras_transformer.special_tokens import PAD_ID
 
 # Vaswani et al. (2017), section 5.4: "we employed label smoothing of value eps_ls = 0.1".
 LABEL_SMOOTHING = 0.1
+
+NAN_LOSS_HINT = (
+    "A NaN loss has two usual causes: a label or token id outside [0, vocab_size) "
+    "(the loss and the token embedding make it NaN on purpose inside compiled steps: "
+    "was the data tokenized with another vocabulary?), or a diverging run (lower the "
+    "learning rate or raise warmup_steps)."
+)
+"""What to print when training stops on a NaN loss (see the module docstring)."""
 
 
 def sparse_labels(y_true, logits):
@@ -35,6 +51,21 @@ def sparse_labels(y_true, logits):
     if len(y_true.shape) == len(logits.shape) and y_true.shape[-1] == 1:
         y_true = ops.squeeze(y_true, axis=-1)
     return ops.cast(y_true, "int32")
+
+
+def out_of_range_labels(labels, num_classes, ignore_id=PAD_ID):
+    """Bool `[B, T]`: True where a label is outside `[0, num_classes)` and is not `ignore_id`.
+
+    Example:
+
+    ```python
+    out_of_range_labels(np.array([[4, 0, 32, -1]]), 32)  # [[False, False, True, True]]
+    ```
+    """
+    outside = ops.logical_or(ops.less(labels, 0), ops.greater_equal(labels, num_classes))
+    if ignore_id is None:
+        return outside
+    return ops.logical_and(outside, ops.not_equal(labels, ignore_id))
 
 
 def token_weights(labels, ignore_id=PAD_ID, sample_weight=None):
@@ -80,7 +111,8 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID):
     gathered with `take_along_axis` and the smoothing term is a mean, so no one-hot
     `[B, T, V]` tensor is ever built. Logits are cast to float32 first, so float16 and
     bfloat16 models get a float32 loss. Ignored positions hold exactly 0, whatever
-    their logits.
+    their logits; a label outside `[0, V)` that is not `ignore_id` gives NaN, so that
+    a wrong label can never pass for a finite loss, even where it cannot be checked.
 
     Args:
         labels: int tensor `[B, T]` (see `sparse_labels`).
@@ -104,8 +136,10 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID):
         is_real = ops.ones_like(labels, dtype="bool")
     else:
         is_real = ops.not_equal(labels, ignore_id)
-    # The ignore id need not be a valid index (e.g. -100): gather class 0 there instead.
-    safe_labels = ops.where(is_real, labels, 0)
+    # The ignore id need not be a valid index (e.g. -100), and a bad label is no index
+    # at all: gather class 0 at both, and put NaN at the bad labels below.
+    invalid = out_of_range_labels(labels, _num_classes(logits), ignore_id)
+    safe_labels = ops.where(ops.logical_and(is_real, ops.logical_not(invalid)), labels, 0)
     label_log_probs = ops.take_along_axis(
         log_probs, ops.expand_dims(safe_labels, axis=-1), axis=-1
     )
@@ -113,8 +147,27 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID):
     if label_smoothing:
         smoothing = -ops.mean(log_probs, axis=-1)
         losses = (1.0 - label_smoothing) * losses + label_smoothing * smoothing
+    losses = ops.where(invalid, float("nan"), losses)
     # `where`, not a product, so inf/NaN logits at padding cannot leak into the loss.
     return ops.where(is_real, losses, 0.0)
+
+
+def _num_classes(logits):
+    """V of `[B, T, V]` logits: the static size when known, else a tensor."""
+    size = logits.shape[-1]
+    return size if size is not None else ops.shape(logits)[-1]
+
+
+def check_labels(y_true, logits, ignore_id=PAD_ID, name="y_true"):
+    """Raises ValueError naming the first label outside `[0, V)` (not `ignore_id`), when it can.
+
+    Only concrete values are checked (eager calls, PyTorch's eager training step);
+    traced ones (compiled `fit`) are left to the NaN of `token_cross_entropy`.
+    """
+    if checks.is_concrete(y_true) and logits.shape[-1] is not None:
+        checks.check_ids_in_range(
+            name, ops.convert_to_numpy(y_true), logits.shape[-1], ignore_id=ignore_id
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -129,8 +182,12 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     `sample_weight` (`[B]` or `[B, T]`) scales each token's loss but does not change
     the divisor, as in Keras' own losses. Padding is read from the labels; a Keras mask
     on the predictions is not used. Computed in float32 whatever the logits' dtype.
-    Under `tf.distribute`, the loss is divided by the number of replicas, as Keras'
-    built-in losses are, so that summing gradients across replicas averages them.
+    A label outside `[0, V)` that is not `ignore_id` raises `ValueError` where the
+    labels can be read (eager calls, PyTorch's `fit`) and makes the loss NaN inside
+    compiled steps (TensorFlow's and JAX's `fit`), never a finite wrong number.
+    Under `tf.distribute`, each replica returns its sum over the real-token count of
+    all replicas (all-reduced), so the replicas' summed gradients are those of the mean
+    over every real token of the step, as on one device.
     `call(y_true, y_pred)` returns the per-token losses `[B, T]` (0 at padding).
 
     Args:
@@ -171,6 +228,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         with keras.name_scope(self.name):
             y_pred = ops.convert_to_tensor(y_pred)
             labels = sparse_labels(y_true, y_pred)
+            check_labels(labels, y_pred, self.ignore_id)
             losses = self.call(labels, y_pred)
             weights = token_weights(labels, self.ignore_id, sample_weight)
             num_real = ops.sum(token_weights(labels, self.ignore_id))
@@ -178,7 +236,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             # loss is 0, and no 0/0 is computed even in a discarded `where` branch, whose
             # gradient could be NaN.
             loss = ops.sum(losses * weights) / ops.maximum(num_real, 1.0)
-            return _scale_loss_for_distribution(loss)
+            return _scale_loss_for_distribution(loss, num_real)
 
     def call(self, y_true, y_pred):
         return token_cross_entropy(
@@ -193,18 +251,17 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         }
 
 
-def _scale_loss_for_distribution(loss):
-    """Divide by the replica count under `tf.distribute`, as Keras' built-in reductions do.
+def _scale_loss_for_distribution(loss, num_real):
+    """Under `tf.distribute`, this replica's share of the mean over the step's real tokens.
 
-    Keras' TensorFlow trainer sums gradients across replicas and expects each replica's
-    loss to be pre-divided by their number; other backends need nothing. This reuses
-    Keras' own helper (not in its public API) so that no TensorFlow import is needed here.
+    `loss` averages over this replica's `num_real` tokens; the distribution code turns
+    it into `sum / (real tokens on all replicas)`, so the replicas' summed gradients
+    are those of the whole batch on one device (see
+    `keras_transformer.distribute.replica_share_of_global_mean`). `loss` itself elsewhere.
     """
-    # Imported here, so that a move of this private helper in a future Keras breaks
-    # the loss's call (caught by the tests), not `import keras_transformer`.
-    from keras.src.losses.loss import scale_loss_for_distribution as scale
+    from keras_transformer import distribute
 
-    return scale(loss)
+    return distribute.replica_share_of_global_mean(loss, num_real)
 
 
 def check_ignore_id(ignore_id):

@@ -1,9 +1,15 @@
-"""Token accuracy and perplexity over non-padding labels, accumulated across batches."""
+"""Token accuracy and perplexity over non-padding labels, accumulated across batches.
+
+As with the loss, a label outside `[0, vocab_size)` other than the ignored id is never
+counted as a plain miss: it makes the metric NaN (until `reset_state`), so a batch
+of wrong labels cannot pass for a low accuracy.
+"""
 
 import keras
 from keras import ops
 
 from keras_transformer.train.losses import check_ignore_id
+from keras_transformer.train.losses import out_of_range_labels
 from keras_transformer.train.losses import sparse_labels
 from keras_transformer.train.losses import token_cross_entropy
 from keras_transformer.train.losses import token_weights
@@ -29,6 +35,8 @@ class _TokenMean(keras.metrics.Metric):
         y_pred = ops.convert_to_tensor(y_pred)
         labels = sparse_labels(y_true, y_pred)
         values = self._token_values(labels, y_pred)
+        invalid = out_of_range_labels(labels, ops.shape(y_pred)[-1], self.ignore_id)
+        values = ops.where(invalid, float("nan"), values)
         weights = token_weights(labels, self.ignore_id, sample_weight)
         self.total.assign_add(ops.cast(ops.sum(values * weights), self.dtype))
         self.count.assign_add(ops.cast(ops.sum(weights), self.dtype))

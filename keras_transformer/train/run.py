@@ -1,21 +1,39 @@
 """`run_training(run_config)`: a whole training run, from corpus to a model directory.
 
 The library function behind `kt-train` and `kt-demo`. It follows the paper's recipe as a
-sequence of small steps, each a function of its own:
+sequence of small steps, each a function of its own. Everything that can refuse the run
+comes first, before anything is written:
 
-1. `prepare_model_directory`: resume an interrupted run, refuse to overwrite a finished
-   one (unless `overwrite`), or start clean.
-2. `load_corpus`: the sentence pairs of each split.
-3. `prepare_tokenizer`: one joint subword vocabulary for both languages (5.1).
-4. `make_datasets`: token-budget batches of sentences of similar length (5.1).
+1. `plan_model_directory`: what `output_dir/name` holds. Nothing, or the user's own
+   files: a new run. A finished run: refused unless `overwrite`. An interrupted run:
+   resumed if it trains the same settings (`RunConfig.trained_settings`), refused with
+   the differences if not (discarded with `overwrite`).
+2. `load_corpus`: the sentence pairs of each split (the readers refuse bad ones).
+3. `prepare_tokenizer`: one joint subword vocabulary for both languages (5.1), trained
+   in memory (an interrupted run's own is reloaded).
+4. `make_datasets`: token-budget batches of sentences of similar length (5.1); refuses
+   a corpus with nothing to train on.
 5. `build_and_compile`: the model of `[model]`, Adam on the warmup schedule with the
    label-smoothed loss of `[training]` (5.3, 5.4), in the distribution scope.
-6. `fit`: `model.fit` with the default callbacks (checkpoints, logs, time budget).
-7. `save_outputs`: `model.keras` (never with NaN weights) and the training-curve PNG.
 
-See `keras_transformer.model.directory` for what the model directory holds.
+Then the run is written beside its target, in the hidden `output_dir/.name.staging/`:
+
+6. `stage_run`: `tokenizer.model` and `config.toml` (or, resuming, a check of the
+   backup the kill left).
+7. `fit`: `model.fit` with the default callbacks (checkpoints, logs, time budget).
+8. `save_outputs`: `model.keras` (never with NaN weights) and the training-curve PNG.
+9. `finish_run`: `manifest.json` (the tokenizer's fingerprint), then the staging
+   directory is renamed to `output_dir/name`, the earlier run moved aside in the same
+   breath and deleted (the user's own files in it are carried over).
+
+So a failure or a kill at any point leaves `output_dir/name` as it was, or (after the
+last rename) holding the whole new run. The same command run again resumes from the
+staging directory's `backup/`, or completes a rename that a kill interrupted
+(`recover_interrupted_swap`). See `keras_transformer.model.directory` for what the model
+directory holds.
 """
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -32,18 +50,14 @@ from keras_transformer.train.checkpoints import save_final_model
 from keras_transformer.train.compile import compile_transformer, make_schedule
 from keras_transformer.train.curves import plot_training_curves
 from keras_transformer.train.run_config import RunConfig
-
-# What a finished run leaves in its model directory (TF Serving versions are the
-# numbered subdirectories that the demo's export adds beside them).
-_RUN_OUTPUTS = (
-    model_directory.MODEL_FILE,
-    model_directory.TOKENIZER_FILE,
-    model_directory.CONFIG_FILE,
-    model_directory.CSV_LOG_FILE,
-    model_directory.CURVES_FILE,
-    model_directory.METRICS_FILE,
-    model_directory.TENSORBOARD_DIR,
-    model_directory.CHECKPOINT_DIR,
+from keras_transformer.train.run_directory import (
+    RunDirectory,
+    describe_plan,
+    exclusive_use,
+    finish_run,
+    plan_model_directory,
+    recover_interrupted_swap,
+    stage_run,
 )
 
 
@@ -52,7 +66,8 @@ class TrainingResult:
     """What `run_training` returns: where it wrote, and what it trained and measured.
 
     Attributes:
-        model_dir: str, the model directory.
+        model_dir: str, the model directory (the staging directory if training ended
+            without a model to save, so the earlier run was kept).
         model: the trained `Transformer`.
         tokenizer: its `SubwordTokenizer`.
         history: the `keras.callbacks.History` of `fit`.
@@ -78,17 +93,21 @@ class TrainingResult:
 def run_training(run_config, *, print_fn=print):
     """Runs the training described by `run_config`; returns a `TrainingResult`.
 
-    Writes into `run_config.model_dir`: `tokenizer.model` and `config.toml` (before
-    training), checkpoints, CSV and TensorBoard logs (during), and `model.keras` and
-    `training_curves.png` (after). A directory holding the backup of an interrupted run
-    (`backup/`) resumes at the epoch after its last finished one, with its tokenizer.
+    Checks the run config, the model directory, the corpus, the tokenizer and the
+    batches before it writes anything; then trains in `output_dir/.name.staging/` and
+    renames that to `output_dir/name` when `model.keras` and `manifest.json` are
+    written. A run killed on the way, started again with the same trained settings,
+    resumes at the epoch after its last finished one, with its tokenizer.
 
     Args:
         run_config: `RunConfig`.
         print_fn: callable for the summary lines; default `print`.
 
     Raises:
-        FileExistsError: the directory holds a finished run and `overwrite` is false.
+        FileExistsError: the directory holds a finished run and `overwrite` is false,
+            or another run is writing it now.
+        ValueError: a bad corpus, or an interrupted run of other settings in the way
+            (with the settings that differ).
     """
     if not isinstance(run_config, RunConfig):
         raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
@@ -96,35 +115,41 @@ def run_training(run_config, *, print_fn=print):
         # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
         # tf.data below); the scope around fit reuses this cached strategy.
         distribute.select_strategy(run_config.strategy or None)
-    model_dir, resuming = prepare_model_directory(run_config, print_fn)
-    keras.utils.set_random_seed(run_config.seed)
-    splits = _timed(print_fn, "corpus", lambda: load_corpus(run_config))
-    tokenizer = _timed(
-        print_fn, "tokenizer", lambda: prepare_tokenizer(run_config, splits["train"], model_dir, resuming)
-    )
-    config = run_config.model_config(tokenizer.vocab_size)
-    _write_text(os.path.join(model_dir, model_directory.CONFIG_FILE), run_config.to_toml(config))
-    datasets = make_datasets(run_config, config, splits, tokenizer)
-    callbacks = default_callbacks(
-        model_dir,
-        keep_checkpoints=run_config.keep_checkpoints,
-        validation_pairs=splits.get("validation") or None,
-        tokenizer=tokenizer,
-        bleu_every_epochs=run_config.bleu_every_epochs,
-        bleu_samples=run_config.bleu_samples,
-        sample_translations=run_config.sample_translations,
-        max_train_seconds=run_config.max_train_seconds or None,
-        jit_compile=run_config.jit_compile is not False,
-    )
-    # Build, compile and fit in the scope: tf.distribute places variables as they are
-    # made, and keras.distribution (JAX) is set for the scope's duration only.
-    with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
-        replicas = distribute.num_replicas(engine)
-        model = build_and_compile(run_config, config)
-        tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(datasets.train_stats.num_batches, 1)
-        _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
-        history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
-    save_outputs(model, model_dir, print_fn)
+    chief = distribute.is_chief()
+    with exclusive_use(run_config.model_dir) if chief else contextlib.nullcontext():
+        if chief:
+            recover_interrupted_swap(run_config.model_dir, print_fn)
+            plan = plan_model_directory(run_config)
+            print_fn(describe_plan(plan, run_config))
+        else:  # every worker runs the callbacks, but only the chief's files are kept
+            scratch = tempfile.mkdtemp(prefix="keras_transformer_worker_")
+            plan = RunDirectory(target=scratch, staging=scratch)
+        keras.utils.set_random_seed(run_config.seed)
+        splits = _timed(print_fn, "corpus", lambda: load_corpus(run_config))
+        tokenizer = _timed(
+            print_fn, "tokenizer", lambda: prepare_tokenizer(run_config, splits["train"], plan.staging, plan.resuming)
+        )
+        config = run_config.model_config(tokenizer.vocab_size)
+        datasets = make_datasets(run_config, config, splits, tokenizer)
+        # Build, compile and fit in the scope: tf.distribute places variables as they
+        # are made, and keras.distribution (JAX) is set for the scope's duration only.
+        with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
+            replicas = distribute.num_replicas(engine)
+            model = build_and_compile(run_config, config)
+            # Everything is checked: from here on the run writes, in plan.staging.
+            stage_run(plan, run_config, config, tokenizer, print_fn)
+            callbacks = _run_callbacks(run_config, plan.staging, splits, tokenizer)
+            tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(datasets.train_stats.num_batches, 1)
+            _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
+            history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
+        saved = save_outputs(model, plan.staging, print_fn)
+        if saved:
+            model_dir = finish_run(plan, tokenizer, print_fn)
+        else:  # non-finite weights and no checkpoint: nothing to resume from either
+            model_dir = plan.staging
+            shutil.rmtree(os.path.join(plan.staging, model_directory.BACKUP_DIR), ignore_errors=True)
+            if not plan.in_place:
+                print_fn(f"{plan.target} is left as it was; this run's logs are in {plan.staging}")
     tokens_per_second = steps * tokens_per_step / seconds if seconds else float("nan")
     stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
     print_fn(
@@ -145,43 +170,6 @@ def run_training(run_config, *, print_fn=print):
 
 
 # ------------------------------------------------------------------------- steps
-def prepare_model_directory(run_config, print_fn=print):
-    """The directory to write into, and whether an interrupted run resumes there.
-
-    On a non-chief worker of a multi-worker run, a scratch directory: every worker runs
-    the same callbacks, but only the chief's files are kept. A directory with `backup/`
-    resumes. A directory holding a finished run's files is refused unless
-    `run_config.overwrite`, which removes those files first; anything else found in
-    the directory is kept and named.
-
-    Returns:
-        `(model_dir, resuming)`.
-    """
-    if not distribute.is_chief():
-        return tempfile.mkdtemp(prefix="keras_transformer_worker_"), False
-    model_dir = run_config.model_dir
-    os.makedirs(model_dir, exist_ok=True)
-    if os.path.isdir(os.path.join(model_dir, model_directory.BACKUP_DIR)):
-        print_fn(f"Run {run_config.name!r} -> {model_dir} (resuming an interrupted run)")
-        return model_dir, True
-    entries = sorted(os.listdir(model_dir))
-    earlier = [name for name in entries if name in _RUN_OUTPUTS or name.isdigit()]
-    if earlier and not run_config.overwrite:
-        raise FileExistsError(
-            f"{model_dir} already holds a finished run ({', '.join(earlier)}). Set "
-            "`overwrite = true` (--set overwrite=true) to replace it, or choose another "
-            "`name` or `output_dir`."
-        )
-    for name in earlier:
-        path = os.path.join(model_dir, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    kept = [name for name in entries if name not in earlier]
-    print_fn(
-        f"Run {run_config.name!r} -> {model_dir}"
-        + (f" (replaced the earlier run's {', '.join(earlier)})" if earlier else "")
-        + (f"; kept {', '.join(kept)}" if kept else "")
-    )
-    return model_dir, False
 
 
 def load_corpus(run_config):
@@ -211,28 +199,26 @@ def load_corpus(run_config):
     return splits
 
 
-def prepare_tokenizer(run_config, train_pairs, model_dir, resuming):
-    """Trains the joint tokenizer on both sides of `train_pairs` and saves it.
+def prepare_tokenizer(run_config, train_pairs, model_dir=None, resuming=False):
+    """The joint tokenizer of the run, in memory; `stage_run` saves it.
 
-    When resuming an interrupted run, the tokenizer it saved is reloaded instead, so the
-    restored weights keep meaning the same ids.
+    Trained on both sides of `train_pairs`; when `resuming` an interrupted run, that
+    run's own is read from `model_dir` instead, so the restored weights keep meaning
+    the same ids.
     """
     from keras_transformer.data.tokenizer import SubwordTokenizer, train_tokenizer
 
-    path = os.path.join(model_dir, model_directory.TOKENIZER_FILE)
-    if resuming and os.path.isfile(path):
-        return SubwordTokenizer.load(path)
+    if resuming:
+        return SubwordTokenizer.load(model_dir)
     pairs = train_pairs[: max(1, run_config.tokenizer_max_sentences // 2)]
     options = {"split_digits": True} if run_config.tokenizer_split_digits else {}
-    tokenizer = train_tokenizer(
+    return train_tokenizer(
         [sentence for pair in pairs for sentence in pair],
         run_config.vocab_size,
         model_type=run_config.tokenizer_model_type,
         seed=run_config.seed,
         **options,
     )
-    tokenizer.save(model_dir)
-    return tokenizer
 
 
 @dataclasses.dataclass
@@ -246,12 +232,13 @@ class Datasets:
 
 def make_datasets(run_config, config, splits, tokenizer):
     """Training and validation batches (token budget, padded to length buckets)."""
-    from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
+    from keras_transformer.data.pipeline import make_dataset
 
     batching = dict(
+        vocab_size=config.vocab_size,  # ids beyond the model's embedding are refused here
         max_length=config.max_length,
         tokens_per_batch=run_config.tokens_per_batch,
-        bucket_boundaries=evenly_spaced_boundaries(run_config.bucket_width, config.max_length),
+        bucket_boundaries=run_config.bucket_boundaries(config.max_length),
     )
     train, train_stats = make_dataset(
         splits["train"], tokenizer, seed=run_config.seed, repeat=bool(run_config.steps_per_epoch), **batching
@@ -297,7 +284,11 @@ def fit(model, run_config, datasets, callbacks, replicas):
 
 
 def save_outputs(model, model_dir, print_fn=print):
-    """Writes `model.keras` (renamed into place; never NaN weights) and the curves PNG."""
+    """Writes `model.keras` (renamed into place; never NaN weights) and the curves PNG.
+
+    Returns:
+        bool, whether `model.keras` was written.
+    """
     saved, restored_from = save_final_model(
         model,
         os.path.join(model_dir, model_directory.MODEL_FILE),
@@ -310,10 +301,12 @@ def save_outputs(model, model_dir, print_fn=print):
     csv_path = os.path.join(model_dir, model_directory.CSV_LOG_FILE)
     if os.path.isfile(csv_path) and os.path.getsize(csv_path):
         plot_training_curves(csv_path, os.path.join(model_dir, model_directory.CURVES_FILE))
-    print_fn(
-        f"saved {model_directory.MODEL_FILE}, {model_directory.TOKENIZER_FILE}, "
-        f"{model_directory.CONFIG_FILE} and logs in {model_dir}"
-    )
+    if saved:
+        print_fn(
+            f"saved {model_directory.MODEL_FILE}, {model_directory.TOKENIZER_FILE}, "
+            f"{model_directory.CONFIG_FILE} and logs in {model_dir}"
+        )
+    return saved
 
 
 # --------------------------------------------------------------------- internals
@@ -333,6 +326,26 @@ class _StepCounter(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.steps = self._iterations() - self._start
+
+
+def _run_callbacks(run_config, model_dir, splits, tokenizer):
+    callbacks = default_callbacks(
+        model_dir,
+        keep_checkpoints=run_config.keep_checkpoints,
+        validation_pairs=splits.get("validation") or None,
+        tokenizer=tokenizer,
+        bleu_every_epochs=run_config.bleu_every_epochs,
+        bleu_samples=run_config.bleu_samples,
+        sample_translations=run_config.sample_translations,
+        max_train_seconds=run_config.max_train_seconds or None,
+        jit_compile=run_config.jit_compile is not False,
+    )
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            # finish_run deletes backup/ once model.keras and the manifest are written:
+            # a kill during the final save then resumes instead of starting again.
+            callback.delete_checkpoint = False
+    return callbacks
 
 
 def _read_split(run_config, name):
@@ -368,11 +381,6 @@ def _timed(print_fn, what, make):
     return value
 
 
-def _write_text(path, text):
-    with open(path, "w", encoding="utf-8") as file:
-        file.write(text)
-
-
 def _print_summary(print_fn, run_config, config, model, replicas, train_stats, tokens_per_step):
     steps_per_epoch = run_config.steps_per_epoch or train_stats.num_batches
     training = run_config.training_config()
@@ -402,7 +410,6 @@ def _target_tokens(tokenizer, pairs, sample_size=100_000):
 __all__ = [
     "TrainingResult",
     "run_training",
-    "prepare_model_directory",
     "load_corpus",
     "prepare_tokenizer",
     "make_datasets",

@@ -26,6 +26,15 @@ from keras_transformer.train.compile import JIT_COMPILE_VALUES
 from keras_transformer.train.config import TrainingConfig
 
 CORPORA = ("demo", "files", "tsv", "tfds")
+# Settings that say how a run is carried out, not what it trains: an interrupted run
+# resumes under new values of these (more epochs, a new time budget, quieter logs,
+# another device strategy). A change of any other setting is another run.
+RESUMABLE_CHANGES = frozenset({
+    "name", "output_dir", "overwrite", "epochs", "max_train_seconds", "strategy",
+    "jit_compile", "steps_per_execution", "verbose", "keep_checkpoints",
+    "bleu_every_epochs", "bleu_samples", "sample_translations", "eval_decode",
+    "eval_batch_size",
+})
 # The sub-configs of a run: TOML table name -> the dataclass its keys are fields of.
 _TABLES = {"model": TransformerConfig, "training": TrainingConfig}
 
@@ -95,7 +104,8 @@ class RunConfig:
     # Outputs and callbacks.
     output_dir: str = "saved_models"
     # A model directory that holds a finished run is refused unless this is true; then
-    # the earlier run's files are removed first. An interrupted run (backup/) resumes.
+    # the new run replaces it whole once it is complete (until then the earlier run
+    # stays as it was). An interrupted run of the same trained settings resumes.
     overwrite: bool = False
     keep_checkpoints: int = 5  # the paper averages the last 5 checkpoints (6.1)
     bleu_every_epochs: int = 1  # 0 disables the validation BLEU callback
@@ -125,8 +135,16 @@ class RunConfig:
                      "tokenizer_max_sentences", "demo_num_train"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
-        if not self.name or self.name in (".", "..") or "/" in self.name or os.sep in self.name:
-            raise ValueError(f"`name` must be a plain directory name. Received: name={self.name!r}")
+        separators = [sep for sep in ("/", os.sep, os.altsep) if sep]
+        if not self.name or self.name.startswith(".") or "\0" in self.name or any(
+            sep in self.name for sep in separators
+        ):
+            # The model directory is output_dir/name: "..", "a/b" or "/abs" would write
+            # elsewhere, and hidden names are the staging directories of runs.
+            raise ValueError(
+                "`name` must be a plain directory name: not empty, no path separator, not "
+                f"starting with '.'. Received: name={self.name!r}"
+            )
         if self.corpus in ("files", "tsv") and not self.data_dir:
             raise ValueError(f"`data_dir` is required when corpus={self.corpus!r}. Received: data_dir=''")
         if self.corpus == "tfds" and not self.tfds_name:
@@ -136,8 +154,16 @@ class RunConfig:
                 "Set the vocabulary size with the top-level `vocab_size` (the tokenizer's), "
                 f"not in [model]. Received: model.vocab_size={self.model['vocab_size']!r}"
             )
-        self.model_config()  # validates the preset and the [model] overrides now
+        model_config = self.model_config()  # validates the preset and the [model] overrides now
         self.training_config()  # and the [training] table
+        # make_dataset checks this too, but only after the corpus is read and tokenized.
+        largest = self.bucket_boundaries(model_config.max_length)[-1]
+        if self.tokens_per_batch < largest:
+            raise ValueError(
+                f"`tokens_per_batch` must be >= the largest bucket boundary ({largest}, the "
+                "[model] max_length), so the longest example fits in a batch. Received: "
+                f"tokens_per_batch={self.tokens_per_batch}"
+            )
 
     # -------------------------------------------------------------- derived
     @property
@@ -157,6 +183,42 @@ class RunConfig:
             )
         except ValueError as error:
             raise ValueError(f"[model]: {error}") from None
+
+    def bucket_boundaries(self, max_length=None):
+        """The padded lengths of the length buckets that `make_dataset` batches by.
+
+        `bucket_width` N > 0 gives N, 2N, ... up to `max_length`; 0 gives the pipeline's
+        default boundaries. The last is always `max_length`.
+
+        Args:
+            max_length: int, the model's; defaults to `model_config().max_length`.
+        """
+        from keras_transformer.data import pipeline  # TensorFlow, as the tokenizer above
+
+        max_length = max_length or self.model_config().max_length
+        return pipeline.evenly_spaced_boundaries(
+            self.bucket_width, max_length
+        ) or pipeline.default_bucket_boundaries(max_length)
+
+    def trained_settings(self):
+        """What this run trains, as `{key: value}`: a resumed run must agree on all of it.
+
+        Every setting but `RESUMABLE_CHANGES`, with the `[model]` and `[training]` tables
+        resolved to every field (`"model.d_model"`, `"training.warmup_steps"`), so a
+        config that spells out a preset's default equals one that leaves it out.
+        """
+        values = {k: v for k, v in self.to_dict().items() if k not in _TABLES and k not in RESUMABLE_CHANGES}
+        model = self.model_config().to_dict()
+        del model["vocab_size"]  # the top-level vocab_size, compared above
+        values.update({f"model.{k}": v for k, v in model.items()})
+        values.update({f"training.{k}": v for k, v in self.training_config().to_dict().items()})
+        return values
+
+    def differences(self, other):
+        """The trained settings where `other` differs: `[(key, self's value, other's)]`."""
+        mine, theirs = self.trained_settings(), other.trained_settings()
+        return [(key, mine.get(key), theirs.get(key)) for key in sorted(set(mine) | set(theirs))
+                if mine.get(key) != theirs.get(key)]
 
     def training_config(self):
         """The `TrainingConfig` of the run: the paper's recipe with `[training]` overrides."""
@@ -342,4 +404,4 @@ def _toml_value(value):
     raise ValueError(f"Cannot write {value!r} (type {type(value).__name__}) as a TOML scalar.")
 
 
-__all__ = ["RunConfig", "parse_value", "CORPORA"]
+__all__ = ["RunConfig", "parse_value", "CORPORA", "RESUMABLE_CHANGES"]
