@@ -1,5 +1,6 @@
 """Shared fixtures. The same files run under each KERAS_BACKEND (see the Makefile)."""
 
+import hashlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -50,3 +51,14 @@ def to_numpy(x):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def tree_digest(directory):
+    """{relative path: sha256} of every file under `directory` ({} if there is none)."""
+    digest = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as file:
+                digest[os.path.relpath(path, directory)] = hashlib.sha256(file.read()).hexdigest()
+    return digest

@@ -16,7 +16,6 @@ of the final rename, and a kill while Keras writes its backup.
 """
 
 import concurrent.futures
-import hashlib
 import json
 import os
 import random
@@ -31,7 +30,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import tiny_config, tree_digest
 
 import keras_transformer as kt
 from keras_transformer.model import directory as model_directory
@@ -47,17 +46,6 @@ KILL_KINDS = ("tokenizer", "step", "weights_write", "model_write", "rename")
 # two at a time, keep this file under 90 s.
 SEEDS = (0, 1, 2, 3, 4)
 _LOADING = threading.Lock()  # Keras loads one model at a time: the chains run in two threads
-
-
-def tree_digest(directory):
-    """{relative path: sha256} of every file under `directory` ({} if there is none)."""
-    digest = {}
-    for root, _, files in os.walk(directory):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as file:
-                digest[os.path.relpath(path, directory)] = hashlib.sha256(file.read()).hexdigest()
-    return digest
 
 
 def tree_bytes(directory):

@@ -10,7 +10,6 @@ tests/test_fault_injection.py kills whole training runs at random points.
 docs/errors_and_limits.md lists the same cases.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy
+from conftest import tiny_config, to_numpy, tree_digest
 from tiny_reliability import greedy_export, tiny_dir  # noqa: F401  (session fixtures)
 
 import keras_transformer as kt
@@ -45,17 +44,6 @@ def write_part_then_crash(path):
     with open(path, "wb") as file:
         file.write(b"\x89HDF\r\n\x1a\n" + b"\0" * 56)  # an HDF5 signature and no more
     raise SimulatedCrash(f"simulated crash while writing {path}")
-
-
-def tree_digest(directory):
-    """{relative path: sha256} of every file under `directory`."""
-    digest = {}
-    for root, _, files in os.walk(directory):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as file:
-                digest[os.path.relpath(path, directory)] = hashlib.sha256(file.read()).hexdigest()
-    return digest
 
 
 def all_finite(model):
@@ -406,7 +394,7 @@ def test_a_run_refused_by_its_corpus_leaves_the_model_directory_as_it_was(tmp_pa
 def test_a_token_budget_below_the_largest_bucket_is_refused_before_anything_is_read(tmp_path):
     from keras_transformer.train.run_config import RunConfig
 
-    with pytest.raises(ValueError, match=r"`tokens_per_batch` must be >= the largest bucket boundary \(64"):
+    with pytest.raises(ValueError, match=r"`tokens_per_batch` must be an integer >= the largest bucket boundary \(64"):
         RunConfig(output_dir=str(tmp_path), model={"max_length": 64}, tokens_per_batch=63)
     assert os.listdir(tmp_path) == []
 

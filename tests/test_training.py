@@ -326,8 +326,8 @@ def test_a_name_that_is_not_a_plain_directory_name_is_refused(name, monkeypatch)
 def test_a_token_budget_below_the_largest_bucket_is_refused_with_the_config():
     from keras_transformer.train.run_config import RunConfig
 
-    message = (r"`tokens_per_batch` must be >= the largest bucket boundary \(64, the \[model\] "
-               r"max_length\), so the longest example fits in a batch. Received: tokens_per_batch=32")
+    message = (r"`tokens_per_batch` must be an integer >= the largest bucket boundary \(64\), "
+               r"so the longest example fits in a batch. Received: tokens_per_batch=32")
     with pytest.raises(ValueError, match=message):
         RunConfig(model={"max_length": 64}, tokens_per_batch=32)
     with pytest.raises(ValueError, match=message):

@@ -116,11 +116,6 @@ def main(argv=None):
     if not config.test_split:
         parser.error("the demo scores the test split, but the config's test_split is empty")
 
-    import keras
-
-    from keras_transformer.inference.decoding import BEAM_SIZE
-    from keras_transformer.inference.evaluation import evaluate
-    from keras_transformer.inference.translator import Translator
     from keras_transformer.train.run import load_corpus, run_training
 
     try:
@@ -129,28 +124,7 @@ def main(argv=None):
         common.fail(parser, error)
 
     test_pairs = load_corpus(config)["test"]  # the demo corpus is generated again, seeded: the same pairs
-    sources = [source for source, _ in test_pairs]
-    references = [reference for _, reference in test_pairs]
-    started = time.monotonic()
-    translator = Translator(
-        result.model,
-        result.tokenizer,
-        beam_size=1 if config.eval_decode == "greedy" else BEAM_SIZE,
-        batch_size=config.eval_batch_size,
-    )
-    scores, translations = evaluate(translator, sources, references, return_translations=True)
-    eval_seconds = time.monotonic() - started
-
-    print(f"\nTest translations ({config.eval_decode} decoding):")
-    for source, reference, output in list(zip(sources, references, translations))[:SHOWN_TRANSLATIONS]:
-        mark = "=" if output.strip() == reference.strip() else "x"
-        print(f"  {source}\n    reference: {reference}\n    output:  {mark} {output}")
-    wrong = [(s, r, o) for s, r, o in zip(sources, references, translations) if o.strip() != r.strip()]
-    if wrong:
-        print(f"\nSome of the {len(wrong)} inexact translations:")
-        for source, reference, output in wrong[:SHOWN_MISTAKES]:
-            print(f"  {source}\n    reference: {reference}\n    output:    {output}")
-
+    scores, eval_seconds = evaluate_test_pairs(result, config, test_pairs)
     metrics = {
         **scores,
         "train_seconds": round(result.train_seconds, 1),
@@ -164,19 +138,54 @@ def main(argv=None):
         f"{scores['exact_match']:.1%} on {scores['test_pairs']} test pairs "
         f"(trained {result.train_seconds:.0f} s, evaluated {eval_seconds:.0f} s) -> {path}"
     )
+    export_for_serving(result.model_dir, [source for source, _ in test_pairs[:EXPORT_CHECK_SENTENCES]])
+    return 0
 
-    # Exported beside the run: saved_models/demo/<version>/, the layout TF Serving watches.
-    model_dir = os.path.normpath(result.model_dir)
+
+def evaluate_test_pairs(result, config, test_pairs):
+    """Translates the test pairs as the config says, prints some; `(scores, seconds)`."""
+    from keras_transformer.inference.decoding import BEAM_SIZE
+    from keras_transformer.inference.evaluation import evaluate
+    from keras_transformer.inference.translator import Translator
+
+    sources = [source for source, _ in test_pairs]
+    references = [reference for _, reference in test_pairs]
+    started = time.monotonic()
+    translator = Translator(
+        result.model,
+        result.tokenizer,
+        beam_size=1 if config.eval_decode == "greedy" else BEAM_SIZE,
+        batch_size=config.eval_batch_size,
+    )
+    scores, translations = evaluate(translator, sources, references, return_translations=True)
+    seconds = time.monotonic() - started
+    print(f"\nTest translations ({config.eval_decode} decoding):")
+    for source, reference, output in list(zip(sources, references, translations))[:SHOWN_TRANSLATIONS]:
+        mark = "=" if output.strip() == reference.strip() else "x"
+        print(f"  {source}\n    reference: {reference}\n    output:  {mark} {output}")
+    wrong = [(s, r, o) for s, r, o in zip(sources, references, translations) if o.strip() != r.strip()]
+    if wrong:
+        print(f"\nSome of the {len(wrong)} inexact translations:")
+        for source, reference, output in wrong[:SHOWN_MISTAKES]:
+            print(f"  {source}\n    reference: {reference}\n    output:    {output}")
+    return scores, seconds
+
+
+def export_for_serving(model_dir, sentences):
+    """Exports beside the run (`saved_models/demo/<version>/`, the layout TF Serving
+    watches) and translates `sentences` through the reloaded SavedModel."""
+    import keras
+
+    model_dir = os.path.normpath(model_dir)
     base_dir, name = os.path.dirname(model_dir) or ".", os.path.basename(model_dir)
     if keras.backend.backend() != "tensorflow":
         print(
             f"\nSavedModel export skipped: it traces the model on TensorFlow. Run "
             f"`kt-export --model-dir {model_dir} --base-dir {base_dir} --name {name}`."
         )
-        return 0
-    check = export_and_check(model_dir, sources[:EXPORT_CHECK_SENTENCES], base_dir=base_dir, name=name)
+        return
+    check = export_and_check(model_dir, sentences, base_dir=base_dir, name=name)
     print(f"\n{check}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -308,6 +308,33 @@ def count_lengths(
     )
 
 
+def check_batching_arguments(max_length, tokens_per_batch, bucket_boundaries=None, overlong="drop"):
+    """Checks `make_dataset`'s batching arguments; returns the bucket boundaries to use.
+
+    A training run calls it before it reads its corpus, so a budget that cannot hold
+    the longest example is refused before anything is written.
+
+    Raises:
+        ValueError: naming the argument and the value received.
+    """
+    if max_length is None or not checks.is_int(max_length) or max_length < 2:
+        raise ValueError(
+            "`max_length` must be an integer >= 2 (one token plus EOS). "
+            f"Received: max_length={max_length!r}"
+        )
+    checks.check_choice("overlong", overlong, OVERLONG_MODES)
+    if bucket_boundaries is None:
+        bucket_boundaries = default_bucket_boundaries(max_length)
+    bucket_boundaries = _checked_boundaries(bucket_boundaries, max_length)
+    if not checks.is_int(tokens_per_batch) or tokens_per_batch < bucket_boundaries[-1]:
+        raise ValueError(
+            "`tokens_per_batch` must be an integer >= the largest bucket boundary "
+            f"({bucket_boundaries[-1]}), so the longest example fits in a batch. "
+            f"Received: tokens_per_batch={tokens_per_batch!r}"
+        )
+    return bucket_boundaries
+
+
 def make_dataset(
     pairs,
     tokenizer,
@@ -385,25 +412,7 @@ def make_dataset(
     >>> stats.num_batches
     2
     """
-    if max_length is None or not checks.is_int(max_length) or max_length < 2:
-        raise ValueError(
-            "`max_length` must be an integer >= 2 (one token plus EOS). "
-            f"Received: max_length={max_length!r}"
-        )
-    if overlong not in OVERLONG_MODES:
-        raise ValueError(
-            f"`overlong` must be one of {OVERLONG_MODES}. Received: {overlong!r}"
-        )
-    if bucket_boundaries is None:
-        bucket_boundaries = default_bucket_boundaries(max_length)
-    bucket_boundaries = _checked_boundaries(bucket_boundaries, max_length)
-    if not checks.is_int(tokens_per_batch) or tokens_per_batch < bucket_boundaries[-1]:
-        raise ValueError(
-            "`tokens_per_batch` must be an integer >= the largest bucket boundary "
-            f"({bucket_boundaries[-1]}), so the longest example fits in a batch. "
-            f"Received: tokens_per_batch={tokens_per_batch!r}"
-        )
-
+    bucket_boundaries = check_batching_arguments(max_length, tokens_per_batch, bucket_boundaries, overlong)
     vocab_size = _checked_vocab_size(vocab_size, tokenizer)
     tokenized = tokenize_pairs(_as_string_pairs(pairs), tokenizer, vocab_size)
     if cache:

@@ -67,6 +67,41 @@ def check_tensorflow_backend():
         raise RuntimeError(_TF_BACKEND_MESSAGE.format(backend=backend))
 
 
+def _checked_ids(encoder_inputs, max_length, vocab_size):
+    """`encoder_inputs`, after in-graph checks of its rank, length and id range."""
+    import tensorflow as tf
+
+    rank = tf.debugging.assert_rank(
+        encoder_inputs, 2, message="`encoder_inputs` must have shape [batch, length]"
+    )
+    with tf.control_dependencies([rank]):
+        encoder_inputs = _as_rank(encoder_inputs, 2)
+    outside = f"`encoder_inputs` holds token ids outside [0, vocab_size={vocab_size})"
+    in_range = [
+        tf.debugging.assert_less_equal(
+            tf.shape(encoder_inputs)[1],
+            max_length,
+            message=f"`encoder_inputs` is longer than max_length={max_length} "
+            f"(at most {max_length - 1} source ids and EOS)",
+        ),
+        tf.debugging.assert_non_negative(encoder_inputs, message=outside),
+        tf.debugging.assert_less(encoder_inputs, tf.constant(vocab_size, tf.int32), message=outside),
+    ]
+    with tf.control_dependencies(in_range):
+        return tf.identity(encoder_inputs)
+
+
+def _checked_text(text):
+    """`text`, after an in-graph check that it is a vector of strings."""
+    import tensorflow as tf
+
+    rank = tf.debugging.assert_rank(
+        text, 1, message="`text` must be a vector [batch] of strings, one sentence each"
+    )
+    with tf.control_dependencies([rank]):
+        return _as_rank(text, 1)
+
+
 def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
     """A `tf.Module` with the model's variables, the tokenizer and the decode functions."""
     import tensorflow as tf  # Only on the TF backend, checked by the caller.
@@ -74,41 +109,6 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
     max_length = model.config.max_length
     max_source_tokens = max_length - 1  # room for EOS
     vocab_size = model.config.vocab_size
-
-    def checked_ids(encoder_inputs):
-        """`encoder_inputs`, after in-graph checks of its rank, length and id range."""
-        rank = tf.debugging.assert_rank(
-            encoder_inputs, 2, message="`encoder_inputs` must have shape [batch, length]"
-        )
-        with tf.control_dependencies([rank]):
-            encoder_inputs = _as_rank(encoder_inputs, 2)
-        in_range = [
-            tf.debugging.assert_less_equal(
-                tf.shape(encoder_inputs)[1],
-                max_length,
-                message=f"`encoder_inputs` is longer than max_length={max_length} "
-                f"(at most {max_source_tokens} source ids and EOS)",
-            ),
-            tf.debugging.assert_non_negative(
-                encoder_inputs,
-                message=f"`encoder_inputs` holds token ids outside [0, vocab_size={vocab_size})",
-            ),
-            tf.debugging.assert_less(
-                encoder_inputs,
-                tf.constant(vocab_size, tf.int32),
-                message=f"`encoder_inputs` holds token ids outside [0, vocab_size={vocab_size})",
-            ),
-        ]
-        with tf.control_dependencies(in_range):
-            return tf.identity(encoder_inputs)
-
-    def checked_text(text):
-        """`text`, after an in-graph check that it is a vector of strings."""
-        rank = tf.debugging.assert_rank(
-            text, 1, message="`text` must be a vector [batch] of strings, one sentence each"
-        )
-        with tf.control_dependencies([rank]):
-            return _as_rank(text, 1)
 
     def decode(encoder_inputs):
         if beam_size == 1:
@@ -118,12 +118,12 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
         )
 
     def translate_ids(encoder_inputs):
-        tokens, scores = decode(checked_ids(encoder_inputs))
+        tokens, scores = decode(_checked_ids(encoder_inputs, max_length, vocab_size))
         return {"output_ids": tokens, "score": scores}
 
     def translate_text(text):
         # Same rules as `Translator`: cut to fit EOS in, and no text -> "" (score 0).
-        text = checked_text(text)
+        text = _checked_text(text)
         ids = tokenizer.tokenize(text)[:, :max_source_tokens]
         eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
         ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)

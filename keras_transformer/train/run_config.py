@@ -156,14 +156,11 @@ class RunConfig:
             )
         model_config = self.model_config()  # validates the preset and the [model] overrides now
         self.training_config()  # and the [training] table
-        # make_dataset checks this too, but only after the corpus is read and tokenized.
-        largest = self.bucket_boundaries(model_config.max_length)[-1]
-        if self.tokens_per_batch < largest:
-            raise ValueError(
-                f"`tokens_per_batch` must be >= the largest bucket boundary ({largest}, the "
-                "[model] max_length), so the longest example fits in a batch. Received: "
-                f"tokens_per_batch={self.tokens_per_batch}"
-            )
+        # The pipeline's own check, now: make_dataset runs it only after the corpus is read.
+        from keras_transformer.data.pipeline import check_batching_arguments  # TensorFlow
+
+        max_length = model_config.max_length
+        check_batching_arguments(max_length, self.tokens_per_batch, self.bucket_boundaries(max_length))
 
     # -------------------------------------------------------------- derived
     @property
