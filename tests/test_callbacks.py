@@ -211,12 +211,6 @@ def test_default_callbacks_order_and_files(tmp_path):
         default_callbacks(str(tmp_path), validation_pairs=PAIRS)
 
 
-def test_model_directory_names_agree_with_the_tokenizer():
-    from keras_transformer.data.tokenizer import MODEL_FILENAME
-
-    assert model_directory.TOKENIZER_FILE == MODEL_FILENAME
-
-
 def test_a_nan_stop_names_the_likely_cause():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")

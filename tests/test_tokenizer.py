@@ -152,7 +152,7 @@ def test_training_errors(sentences):
 
 def test_save_and_load_give_identical_ids(tokenizer, sentences, tmp_path):
     path = tokenizer.save(str(tmp_path / "model_dir"))
-    assert path == os.path.join(str(tmp_path / "model_dir"), MODEL_FILENAME)
+    assert path == os.path.join(str(tmp_path / "model_dir"), "tokenizer.model")  # the model directory's name
     from_directory = SubwordTokenizer.load(tmp_path / "model_dir")
     from_file = SubwordTokenizer.load(path)
     for loaded in (from_directory, from_file):
