@@ -30,7 +30,7 @@ test: $(STAMP)
 	run_backends() { \
 	  for backend in "$$@"; do \
 	    start=$$(date +%s); \
-	    KERAS_BACKEND=$$backend $(PY) -m pytest -q -p no:cacheprovider $(TESTS) 2>&1 \
+	    KERAS_BACKEND=$$backend $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(TESTS) 2>&1 \
 	      | tee .test-logs/$$backend.log | sed -u "s/^/[$$backend] /"; \
 	    echo "$${PIPESTATUS[0]} $$(( $$(date +%s) - start ))" > .test-logs/$$backend.status; \
 	  done; \

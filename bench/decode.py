@@ -1,14 +1,22 @@
-"""Decoding speed of our Transformer against keras-hub's cached `TransformerDecoder`.
+"""Decoding speed of our Transformer against keras-hub and CTranslate2, on the same weights.
 
-Decodes one fixed batch of random source sentences (the `small` preset with random,
-seeded weights; 24 source tokens) for exactly L output steps, L in `--lengths`, and
-reports sentences/s and output tokens/s (batch x L / seconds) on each Keras backend:
+Decodes one fixed batch of random source sentences (the `small` and `base` presets
+with random, seeded weights; 24 source tokens) for exactly L output steps, L in
+`--lengths`, at batch 32 (throughput) and batch 1 (latency), and reports sentences/s
+and output tokens/s (batch x L / seconds) on each Keras backend, with the process'
+peak RSS while each decoder ran:
 
 - ours, compiled as users decode (`compiled.CompiledDecoder`: XLA on TensorFlow,
   `jax.jit` on JAX, eager under `no_grad` on PyTorch), with `max_length=L`:
   `greedy` (key/value cache), `greedy_uncached` (reruns the decoder over the whole
   output buffer at every step) and `beam4` (cached, beam 4, length penalty 0.6). Our
   API has no uncached beam search, so there is no `beam4_uncached`.
+- ours in Keras int8 (`ours_int8_*`): the same weights after `model.quantize("int8")`.
+- CTranslate2 (`ct2_float32_*`, `ct2_int8_*`): the same weights exported by
+  `keras_transformer.inference.ctranslate2_export` (made-up vocabulary pieces),
+  decoded by `ctranslate2.Translator.translate_batch` with `--ct2-threads` threads
+  (`min_decoding_length = max_decoding_length = L`, so it too runs L steps; beam 4
+  with CTranslate2's own length penalty 0.6).
 - keras-hub: the same configuration assembled from keras-hub layers (random weights
   of its own), generating as keras-hub's `BartSeq2SeqLM` does (`bench/peers.py`,
   `KerasHubGenerator`): encoder once, `TransformerDecoder` self/cross-attention caches,
@@ -17,30 +25,42 @@ reports sentences/s and output tokens/s (batch x L / seconds) on each Keras back
   over the whole prompt at every step.
 
 The beam searches differ as algorithms (ours keeps finished hypotheses and applies the
-length penalty; keras-hub's keeps the 4 most probable sequences) but both take L steps
-over batch x 4 rows. Every decoder may stop early once every sentence has produced EOS
-(keras-hub with `stop_token_ids=(EOS,)`, `Seq2SeqLM.generate`'s default). With random
-weights that practically never happens; each result records the longest output and
-says whether every step surely ran (`all_steps_ran`).
+length penalty; keras-hub's keeps the 4 most probable sequences) but all take L steps
+over batch x 4 rows. Our decoders and keras-hub's may stop early once every sentence
+has produced EOS; with random weights that practically never happens, and each result
+records the longest output and says whether every step surely ran (`all_steps_ran`).
 
-Before timing, it checks that both sides do the work they claim: our cached greedy
+Before timing, it checks that the decoders do the work they claim: our cached greedy
 output equals our uncached greedy output (exact ids), keras-hub's cached `next()`
-gives the teacher-forced model's logits (within 1e-4) for the first steps, and
-keras-hub's cached greedy output equals its uncached one. A failed check stops the run.
+gives the teacher-forced model's logits (within 1e-4) for the first steps, keras-hub's
+cached greedy output equals its uncached one, and CTranslate2 float32's greedy output
+equals ours on the first rows (the export carries the weights over). A failed check
+stops the run.
 
 Each decoder is called once untimed (tracing and compilation; its time is reported as
 warm-up), then `--rounds` interleaved rounds (one call of every decoder per round, so
 all see the same background load); per decoder the fastest round counts. Wall and
-process CPU time are both recorded.
+process CPU time are both recorded. Peak RSS is sampled every 5 ms while a decoder
+runs; it is the whole process' (every model built so far is in it), so compare it
+between decoders of one preset, not as a footprint of one engine alone.
+
+The real task (`--task-model-dir DIR`, a trained Multi30k model directory): translate
+Multi30k test2016 (`--task-data-dir`, 1,000 sentences, beam 4) with `Translator` (float32,
+and Keras int8), and `CTranslate2Translator` (float32 and int8, `--ct2-threads`
+threads), timing each from construction (loading, compiling or converting included)
+to the last sentence, with sacreBLEU against the references and the peak RSS. Without
+a model directory the task is skipped and the JSON says so.
 
 Usage (one command; a subprocess per backend, because KERAS_BACKEND must be set before
 Keras is imported):
 
     .venv/bin/python bench/decode.py
-    .venv/bin/python bench/decode.py --backends jax --lengths 64 --rounds 5
-    .venv/bin/python bench/decode.py --lengths 8 --batch 4 --rounds 1   # smoke run
+    .venv/bin/python bench/decode.py --backends tensorflow --task-model-dir saved_models/multi30k
+    .venv/bin/python bench/decode.py --quick        # a validation run: small, L=8, 1 round
+    .venv/bin/python bench/decode.py --markdown bench/results/decode.json   # the README table
 
-Writes bench/results/decode.json and decode.png (output tokens/s, log scale).
+Writes bench/results/decode.json, decode.png (output tokens/s, log scale) and
+decode.md (the table, as `--markdown` prints it).
 """
 
 import argparse
@@ -60,6 +80,12 @@ DECODERS = (
     "ours_greedy",
     "ours_greedy_uncached",
     "ours_beam4",
+    "ours_int8_greedy",
+    "ours_int8_beam4",
+    "ct2_float32_greedy",
+    "ct2_float32_beam4",
+    "ct2_int8_greedy",
+    "ct2_int8_beam4",
     "keras_hub_greedy",
     "keras_hub_greedy_uncached",
     "keras_hub_beam4",
@@ -68,24 +94,46 @@ LABELS = {
     "ours_greedy": "ours greedy",
     "ours_greedy_uncached": "ours greedy, no cache",
     "ours_beam4": "ours beam 4",
+    "ours_int8_greedy": "ours int8 greedy",
+    "ours_int8_beam4": "ours int8 beam 4",
+    "ct2_float32_greedy": "CTranslate2 greedy",
+    "ct2_float32_beam4": "CTranslate2 beam 4",
+    "ct2_int8_greedy": "CTranslate2 int8 greedy",
+    "ct2_int8_beam4": "CTranslate2 int8 beam 4",
     "keras_hub_greedy": "keras-hub greedy",
     "keras_hub_greedy_uncached": "keras-hub greedy, no cache",
     "keras_hub_beam4": "keras-hub beam 4",
 }
-PRESET = "small"
+PRESETS = ("small", "base")
+BATCHES = (32, 1)  # throughput, and latency
+CT2_THREADS = 2
+TASK_ENGINES = ("ours_float32", "ours_int8", "ct2_float32", "ct2_int8")
+RSS_SAMPLE_SECONDS = 0.005
 SOURCE_LENGTH = 24
 FIRST_ORDINARY_ID = 4  # ids 0-3 are pad, unk, bos, eos: sources hold real-token ids
 LOGITS_TOLERANCE = 1e-4
 LOGITS_CHECK_STEPS = 3
-# Speed-up targets of the issue, judged at the longest output length measured (64 by default).
-TARGETS = {"ours_greedy/keras_hub_greedy": 1.5, "ours_greedy/ours_greedy_uncached": 5.0}
+# Speed-up targets of the issues, judged at the longest output length measured (64 by
+# default), per preset and batch: "a/b" is b's time over a's, so >= 1 means a is faster.
+TARGETS = {
+    "ours_greedy/keras_hub_greedy": 1.5,
+    "ours_greedy/ours_greedy_uncached": 5.0,
+    "ours_greedy/ct2_float32_greedy": 1.0,
+    "ours_beam4/ct2_float32_beam4": 1.0,
+    "ours_int8_greedy/ours_greedy": 1.0,
+    "ours_int8_beam4/ours_beam4": 1.0,
+}
 
 
 # ------------------------------------------------------------------ helpers
 def source_batch(vocab_size, batch, length, seed=0):
-    """int32 `[batch, length]` random real-token ids (no padding)."""
+    """int32 `[batch, length]`: random real-token ids ending with EOS, as sources are fed (no padding)."""
+    from keras_transformer.special_tokens import EOS_ID
+
     rng = np.random.default_rng(seed)
-    return rng.integers(FIRST_ORDINARY_ID, vocab_size, (batch, length), dtype=np.int32)
+    ids = rng.integers(FIRST_ORDINARY_ID, vocab_size, (batch, length), dtype=np.int32)
+    ids[:, -1] = EOS_ID
+    return ids
 
 
 def output_lengths(rows, eos_id):
@@ -95,23 +143,51 @@ def output_lengths(rows, eos_id):
     return np.where(has_eos, (rows == eos_id).argmax(axis=1) + 1, rows.shape[1])
 
 
+class PeakRss:
+    """Samples this process' resident memory in a thread while the block runs: `.peak` bytes."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self._process = psutil.Process()
+        self.peak = self._process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(RSS_SAMPLE_SECONDS):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc_info):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+
 def _timed(function, *args):
-    """`(result, wall seconds, CPU seconds of this process)` of `function(*args)`.
+    """`(result, wall seconds, CPU seconds of this process, peak RSS bytes)` of `function(*args)`.
 
     On a machine shared with other work wall time grows with the load while CPU time
     mostly does not, so the two together show how much the load distorted a round.
     """
-    cpu, wall = time.process_time(), time.perf_counter()
-    result = function(*args)
-    return result, time.perf_counter() - wall, time.process_time() - cpu
+    with PeakRss() as rss:
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = function(*args)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return result, wall, cpu, rss.peak
 
 
 # ------------------------------------------------------------------ decoders
-def ours_decoders(model, length, config):
+def ours_decoders(model, length, config, prefix="ours"):
     """Our compiled decoders for output length `length`: name -> `source -> (best, rows)`.
 
     `best` is int `[B, L]`, the output; `rows` every row whose end shows how many steps
-    ran (for beam search the best hypotheses only, a lower bound).
+    ran (for beam search the best hypotheses only, a lower bound). `prefix` "ours_int8"
+    names the decoders of the quantized model (which has no uncached one here).
     """
     from keras import ops
 
@@ -119,12 +195,13 @@ def ours_decoders(model, length, config):
     from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY
 
     compiled = {
-        "ours_greedy": CompiledDecoder(model, "greedy", max_length=length),
-        "ours_greedy_uncached": CompiledDecoder(model, "greedy_uncached", max_length=length),
-        "ours_beam4": CompiledDecoder(
+        f"{prefix}_greedy": CompiledDecoder(model, "greedy", max_length=length),
+        f"{prefix}_beam4": CompiledDecoder(
             model, "beam", beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=length
         ),
     }
+    if prefix == "ours":
+        compiled["ours_greedy_uncached"] = CompiledDecoder(model, "greedy_uncached", max_length=length)
 
     def wrap(decoder):
         def run(source):
@@ -166,6 +243,71 @@ def keras_hub_decoders(generator, length, config):
 
     decoders = {name: run_greedy(function) for name, function in compiled.items()}
     decoders["keras_hub_beam4"] = run_beam
+    return decoders
+
+
+class _MadeUpVocabulary:
+    """What `ctranslate2_export.transformer_spec` reads of a tokenizer, for random weights."""
+
+    def __init__(self, vocab_size):
+        from keras_transformer import special_tokens
+
+        self.vocab_size = vocab_size
+        self._special = [special_tokens.PAD_PIECE, special_tokens.UNK_PIECE, special_tokens.BOS_PIECE, special_tokens.EOS_PIECE]
+
+    def id_to_piece(self, token_id):
+        return self._special[token_id] if token_id < len(self._special) else f"t{token_id}"
+
+
+def ct2_engines(model, directory, threads, decoders):
+    """`{"float32": ctranslate2.Translator, "int8": ...}` of `model`'s weights, as requested."""
+    import ctranslate2
+
+    from keras_transformer.inference.ctranslate2_export import save_spec, transformer_spec
+
+    kinds = sorted({name.split("_")[1] for name in decoders if name.startswith("ct2_")})
+    if not kinds:
+        return {}
+    spec = transformer_spec(model, _MadeUpVocabulary(model.config.vocab_size))
+    save_spec(spec, directory)  # float32 weights; int8 is CTranslate2's load-time quantization
+    return {
+        kind: ctranslate2.Translator(str(directory), device="cpu", compute_type=kind, inter_threads=1, intra_threads=threads)
+        for kind in kinds
+    }
+
+
+def ct2_decoders(engines, length, vocab_size):
+    """CTranslate2's decoders for `length` steps, as `ours_decoders` (ids as NumPy)."""
+    from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY
+
+    vocabulary = _MadeUpVocabulary(vocab_size)
+    pieces = [vocabulary.id_to_piece(i) for i in range(vocab_size)]
+    index = {piece: i for i, piece in enumerate(pieces)}
+
+    def make(engine, beam_size):
+        def run(source):
+            # The export adds the EOS the source ends with (`add_source_eos`).
+            tokens = [[pieces[i] for i in row[:-1]] for row in np.asarray(source)]
+            results = engine.translate_batch(
+                tokens,
+                beam_size=beam_size,
+                length_penalty=LENGTH_PENALTY if beam_size > 1 else 0.0,
+                max_decoding_length=length,
+                min_decoding_length=length,  # L steps, as the other decoders take
+                max_input_length=0,
+            )
+            ids = np.zeros((len(results), length), np.int32)
+            for row, result in enumerate(results):
+                hypothesis = [index[piece] for piece in result.hypotheses[0]]
+                ids[row, : len(hypothesis)] = hypothesis
+            return ids, ids
+
+        return run
+
+    decoders = {}
+    for kind, engine in engines.items():
+        decoders[f"ct2_{kind}_greedy"] = make(engine, 1)
+        decoders[f"ct2_{kind}_beam4"] = make(engine, BEAM_SIZE)
     return decoders
 
 
@@ -221,8 +363,10 @@ def check_same_tokens(outputs, cached, uncached, length):
 
 
 # ------------------------------------------------------------------ one backend
-def build_models(config):
-    """`(ours, keras-hub peer)`, each with random weights from seed 0."""
+def build_models(config, decoders):
+    """`(ours, ours in int8 or None, keras-hub peer or None)`, random weights from seed 0."""
+    import warnings
+
     import keras
 
     from bench.peers import build_keras_hub_transformer
@@ -230,13 +374,24 @@ def build_models(config):
 
     keras.utils.set_random_seed(0)
     ours = build_transformer(config)
-    keras.utils.set_random_seed(0)
-    peer = build_keras_hub_transformer(config)
-    return ours, peer
+    int8 = None
+    if any(name.startswith("ours_int8") for name in decoders):
+        int8 = build_transformer(config)
+        int8.set_weights(ours.get_weights())  # the same weights, then quantized
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras names the layers it leaves in float
+            int8.quantize("int8")
+    peer = None
+    if any(name.startswith("keras_hub") for name in decoders):
+        keras.utils.set_random_seed(0)
+        peer = build_keras_hub_transformer(config)
+    return ours, int8, peer
 
 
-def run_backend(backend, decoders, lengths, batch, rounds):
-    """Checks and times every decoder at every length in this process; a JSON-ready dict."""
+def run_backend(backend, decoders, presets, batches, lengths, rounds, ct2_threads):
+    """Checks and times every decoder at every preset, batch and length; a JSON-ready dict."""
+    import tempfile
+
     os.environ["KERAS_BACKEND"] = backend
     import keras
     from keras import ops
@@ -251,52 +406,65 @@ def run_backend(backend, decoders, lengths, batch, rounds):
 
         torch.set_num_threads(machine.usable_cores())  # the other backends use every core too
     keras.config.set_dtype_policy("float32")
-    config = TransformerConfig.from_preset(PRESET, dtype_policy="float32")
-    ours, peer = build_models(config)
-    generator = KerasHubGenerator(peer, config)
-    source_np = source_batch(config.vocab_size, batch, SOURCE_LENGTH)
-    source = ops.convert_to_tensor(source_np)  # once: conversion is not decoding time
-
-    checks = {}
-    if any(name.startswith("keras_hub") for name in decoders):
-        worst = check_keras_hub_cache(generator, peer, source_np[:2])
-        checks["keras_hub_cached_logits_max_abs_difference"] = worst
-        print(f"[{backend}] keras-hub cached logits match the full model (max |diff| {worst:.2g})", flush=True)
-    runners = build_runners(ours, generator, config, decoders, lengths)
-    warmup, outputs, rows = {}, {}, {}
-    for key, run in runners.items():
-        (outputs[key], rows[key]), warmup[key], _ = _timed(run, source)
-        print(f"[{backend}] warm-up {key[1]} L={key[0]}: {warmup[key]:.1f} s", flush=True)
-    checks.update(check_cache_changes_nothing(outputs, decoders, lengths))
-    wall, cpu = time_rounds(runners, source, rounds)
-
-    results = {"backend": backend, "checks": checks, "lengths": {}}
-    for length in lengths:
-        entry = {}
-        for name in decoders:
-            key = (length, name)
-            entry[name] = _result(wall[key], cpu[key], warmup[key], rows[key], batch, length)
-        entry_ratios = ratios(entry)
-        results["lengths"][str(length)] = {"decoders": entry, "ratios": entry_ratios}
-        _print_length(backend, length, entry, entry_ratios)
+    results = {"backend": backend, "presets": {}}
+    for preset in presets:
+        config = TransformerConfig.from_preset(preset, dtype_policy="float32")
+        ours, int8, peer = build_models(config, decoders)
+        generator = KerasHubGenerator(peer, config) if peer is not None else None
+        with tempfile.TemporaryDirectory() as folder:
+            engines = ct2_engines(ours, pathlib.Path(folder) / "ct2", ct2_threads, decoders)
+            checks = {}
+            if generator is not None:
+                source_np = source_batch(config.vocab_size, 2, SOURCE_LENGTH)
+                worst = check_keras_hub_cache(generator, peer, source_np)
+                checks["keras_hub_cached_logits_max_abs_difference"] = worst
+                print(f"[{backend}/{preset}] keras-hub cached logits match the full model (max |diff| {worst:.2g})", flush=True)
+            by_batch = {}
+            for batch in batches:
+                source_np = source_batch(config.vocab_size, batch, SOURCE_LENGTH)
+                source = ops.convert_to_tensor(source_np)  # once: conversion is not decoding time
+                runners = build_runners(ours, int8, generator, engines, config, decoders, lengths)
+                warmup, outputs, rows = {}, {}, {}
+                for key, run in runners.items():
+                    (outputs[key], rows[key]), warmup[key], _, _ = _timed(run, source)
+                    print(f"[{backend}/{preset}/batch {batch}] warm-up {key[1]} L={key[0]}: {warmup[key]:.1f} s", flush=True)
+                checks.update(check_cache_changes_nothing(outputs, decoders, lengths, batch))
+                checks.update(check_ct2_equals_ours(outputs, decoders, lengths, batch))
+                wall, cpu, rss = time_rounds(runners, source, rounds)
+                by_length = {}
+                for length in lengths:
+                    entry = {}
+                    for name in decoders:
+                        key = (length, name)
+                        entry[name] = _result(wall[key], cpu[key], rss[key], warmup[key], rows[key], batch, length)
+                    entry_ratios = ratios(entry)
+                    by_length[str(length)] = {"decoders": entry, "ratios": entry_ratios}
+                    _print_length(f"{backend}/{preset}/batch {batch}", length, entry, entry_ratios)
+                by_batch[str(batch)] = {"lengths": by_length}
+            results["presets"][preset] = {"checks": checks, "batches": by_batch}
+        del ours, int8, peer, generator, engines
     return results
 
 
-def build_runners(ours, generator, config, decoders, lengths):
+def build_runners(ours, int8, generator, engines, config, decoders, lengths):
     """`{(length, name): run}` for the requested decoders at every length."""
     runners = {}
     for length in lengths:
         available = {}
-        if any(name.startswith("ours") for name in decoders):
+        if any(name.startswith("ours_") and not name.startswith("ours_int8") for name in decoders):
             available.update(ours_decoders(ours, length, config))
-        if any(name.startswith("keras_hub") for name in decoders):
+        if int8 is not None:
+            available.update(ours_decoders(int8, length, config, prefix="ours_int8"))
+        if generator is not None:
             available.update(keras_hub_decoders(generator, length, config))
+        if engines:
+            available.update(ct2_decoders(engines, length, config.vocab_size))
         for name in decoders:
             runners[length, name] = available[name]
     return runners
 
 
-def check_cache_changes_nothing(outputs, decoders, lengths):
+def check_cache_changes_nothing(outputs, decoders, lengths, batch):
     """Fails unless each side's cached greedy output equals its uncached one (where both ran)."""
     checks = {}
     for length in lengths:
@@ -306,23 +474,49 @@ def check_cache_changes_nothing(outputs, decoders, lengths):
             ("keras_hub_greedy", "keras_hub_greedy_uncached"),
         ):
             if check_same_tokens(by_name, cached, uncached, length):
-                checks[f"{cached} == {uncached} (L={length})"] = True
+                checks[f"{cached} == {uncached} (L={length}, batch {batch})"] = True
+    return checks
+
+
+def check_ct2_equals_ours(outputs, decoders, lengths, batch, rows=2):
+    """Fails unless CTranslate2 float32 greedy gives our greedy ids on the first rows.
+
+    Only up to the first EOS or PAD/BOS of ours (CTranslate2 here is made to run all L
+    steps, and does not remove PAD and BOS: random weights pick them): the prefix
+    before either is the same search on the same weights.
+    """
+    checks = {}
+    if "ours_greedy" not in decoders or "ct2_float32_greedy" not in decoders:
+        return checks
+    for length in lengths:
+        ours, theirs = outputs[length, "ours_greedy"], outputs[length, "ct2_float32_greedy"]
+        for row in range(min(rows, len(ours))):
+            stop = next((t for t, token in enumerate(ours[row]) if token in (0, 2, 3)), length)
+            stop = min(stop, next((t for t, token in enumerate(theirs[row]) if token in (0, 2, 3)), length))
+            if stop and not np.array_equal(ours[row, :stop], theirs[row, :stop]):
+                raise RuntimeError(
+                    f"CTranslate2 float32 greedy differs from ours at L={length}, row {row}: "
+                    f"{theirs[row, :stop].tolist()} vs {ours[row, :stop].tolist()}"
+                )
+        checks[f"ct2_float32_greedy == ours_greedy, first {rows} rows (L={length}, batch {batch})"] = True
     return checks
 
 
 def time_rounds(runners, source, rounds):
-    """Interleaved rounds, one call of every runner per round: `(wall, cpu)` lists per key."""
+    """Interleaved rounds, one call of every runner per round: `(wall, cpu, peak rss)` per key."""
     wall = {key: [] for key in runners}
     cpu = {key: [] for key in runners}
+    rss = {key: 0 for key in runners}
     for _ in range(rounds):
         for key, run in runners.items():
-            _, seconds, cpu_seconds = _timed(run, source)
+            _, seconds, cpu_seconds, peak = _timed(run, source)
             wall[key].append(seconds)
             cpu[key].append(cpu_seconds)
-    return wall, cpu
+            rss[key] = max(rss[key], peak)
+    return wall, cpu, rss
 
 
-def _result(wall, cpu, warmup, rows, batch, length):
+def _result(wall, cpu, rss, warmup, rows, batch, length):
     """The JSON entry of one decoder at one length."""
     # Imported here: `keras_transformer` imports Keras, which only the per-backend
     # subprocesses may do (the backend is fixed at import).
@@ -336,6 +530,7 @@ def _result(wall, cpu, warmup, rows, batch, length):
         "seconds_all_rounds": [round(t, 4) for t in wall],
         "cpu_seconds_all_rounds": [round(t, 4) for t in cpu],
         "warmup_seconds": round(warmup, 3),
+        "peak_rss_mb": round(rss / 2**20, 1),
         "sentences_per_second": batch / best,
         "tokens_per_second": batch * length / best,
         # Tokens up to the first EOS; where no row reached L, the loop may have stopped early.
@@ -353,6 +548,12 @@ def ratios(entry):
         ("ours_beam4", "keras_hub_beam4"),
         ("ours_greedy_uncached", "keras_hub_greedy_uncached"),
         ("keras_hub_greedy", "keras_hub_greedy_uncached"),
+        ("ours_greedy", "ct2_float32_greedy"),
+        ("ours_beam4", "ct2_float32_beam4"),
+        ("ours_greedy", "ct2_int8_greedy"),
+        ("ours_beam4", "ct2_int8_beam4"),
+        ("ours_int8_greedy", "ours_greedy"),
+        ("ours_int8_beam4", "ours_beam4"),
     )
     return {
         f"{a}/{b}": entry[b]["seconds_best"] / entry[a]["seconds_best"]
@@ -361,13 +562,13 @@ def ratios(entry):
     }
 
 
-def _print_length(backend, length, entry, entry_ratios):
-    print(f"[{backend}] output length {length}:", flush=True)
+def _print_length(where, length, entry, entry_ratios):
+    print(f"[{where}] output length {length}:", flush=True)
     for name, m in entry.items():
         note = "" if m["all_steps_ran"] else f"  (stopped early? longest output {m['longest_output']})"
         print(
             f"    {LABELS[name]:<28} {m['sentences_per_second']:>8.1f} sent/s {m['tokens_per_second']:>9,.0f} tok/s"
-            f"  warm-up {m['warmup_seconds']:6.1f} s"
+            f"  RSS {m['peak_rss_mb']:7.0f} MB  warm-up {m['warmup_seconds']:6.1f} s"
             f"  (rounds: {', '.join(f'{t:.3f}' for t in m['seconds_all_rounds'])} s){note}",
             flush=True,
         )
@@ -375,54 +576,165 @@ def _print_length(backend, length, entry, entry_ratios):
         print(f"    {key}: {value:.2f}x", flush=True)
 
 
+# ------------------------------------------------------------------ the real task
+def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_threads, engines):
+    """Multi30k test2016 with beam 4 through each engine: seconds from construction, BLEU, RSS."""
+    import shutil
+    import tempfile
+    import warnings
+
+    from keras_transformer.inference.ctranslate2_export import export_ctranslate2
+    from keras_transformer.inference.ctranslate2_translator import CTranslate2Translator
+    from keras_transformer.inference.evaluation import score_translations
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import load_model_and_tokenizer
+
+    _, tokenizer = load_model_and_tokenizer(model_dir)  # to count target tokens
+    data_dir = pathlib.Path(data_dir)
+    sources = (data_dir / f"test_2016_flickr.{source_lang}").read_text(encoding="utf-8").splitlines()[:limit]
+    references = (data_dir / f"test_2016_flickr.{target_lang}").read_text(encoding="utf-8").splitlines()[:limit]
+
+    def ours_int8():
+        model, tokenizer = load_model_and_tokenizer(model_dir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.quantize("int8")
+        return Translator(model, tokenizer=tokenizer)
+
+    folder = tempfile.mkdtemp(prefix="decode-task-")
+    exported = {}
+    if any(name.startswith("ct2") for name in engines):  # a one-off step, timed apart
+        started = time.perf_counter()
+        exported["dir"] = export_ctranslate2(model_dir, pathlib.Path(folder) / "ct2")
+        exported["seconds"] = round(time.perf_counter() - started, 2)
+
+    def ct2(kind):
+        return CTranslate2Translator(exported["dir"], compute_type=kind, intra_threads=ct2_threads)
+
+    makers = {
+        "ours_float32": lambda: Translator(model_dir),
+        "ours_int8": ours_int8,
+        "ct2_float32": lambda: ct2("float32"),
+        "ct2_int8": lambda: ct2("int8"),
+    }
+    results = {}
+    try:
+        for name in engines:
+            def translate(make=makers[name]):
+                translator = make()
+                return translator.translate(sources)
+
+            hypotheses, wall, cpu, rss = _timed(translate)
+            scores = score_translations(hypotheses, references)
+            target_tokens = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))  # with EOS
+            results[name] = {
+                "seconds": round(wall, 2),
+                "cpu_seconds": round(cpu, 2),
+                "sentences_per_second": len(sources) / wall,
+                "bleu": scores["bleu"],
+                "chrf": scores["chrf"],
+                "peak_rss_mb": round(rss / 2**20, 1),
+                "target_tokens": target_tokens,
+                "target_tokens_per_second": target_tokens / wall,
+            }
+            print(
+                f"[{backend}/task] {name:<13} {wall:7.1f} s  {len(sources) / wall:6.1f} sent/s  BLEU {scores['bleu']:.2f}"
+                f"  RSS {rss / 2**20:6.0f} MB",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "model_dir": str(model_dir),
+        "sentences": len(sources),
+        "direction": f"{source_lang}-{target_lang}",
+        "beam_size": 4,
+        "ct2_export_seconds": exported.get("seconds"),
+        "engines": results,
+    }
+
+
 # ------------------------------------------------------------------ all backends
-def gather(backends, decoders, lengths, batch, rounds, output):
-    """Runs one subprocess per backend, merges their results, writes JSON and PNG."""
+def gather(backends, decoders, presets, batches, lengths, rounds, ct2_threads, task, output):
+    """Runs one subprocess per backend, merges their results, writes JSON, PNG and markdown."""
     start_load = machine.load_average()
     arguments = [
         "--decoders", ",".join(decoders),
+        "--presets", ",".join(presets),
+        "--batches", ",".join(map(str, batches)),
         "--lengths", ",".join(map(str, lengths)),
-        "--batch", str(batch),
         "--rounds", str(rounds),
+        "--ct2-threads", str(ct2_threads),
     ]
+    if task["model_dir"]:
+        arguments += [
+            "--task-model-dir", task["model_dir"],
+            "--task-data-dir", task["data_dir"],
+            "--task-languages", f"{task['source_lang']}-{task['target_lang']}",
+            "--task-limit", str(task["limit"]),
+        ]
     parts, failures = machine.run_per_backend(__file__, backends, arguments)
     info = machine.machine_info()
     info["load_average_1min_at_start"] = start_load
     payload = {
         "benchmark": "decode",
         "command": " ".join([pathlib.Path(sys.executable).name] + sys.argv),
-        "dtype": "float32",
-        "preset": PRESET,
-        "batch": batch,
+        "dtype": "float32 (int8 where named)",
+        "presets": list(presets),
+        "batches": list(batches),
         "source_length": SOURCE_LENGTH,
         "rounds": rounds,
+        "ct2_threads": ct2_threads,
         "tokens_per_second": "batch x output length / best round's wall seconds",
         "notes": [
-            "Random weights (seed 0), a different model per side: same config and shapes.",
+            "Random weights (seed 0); ours, ours int8 and CTranslate2 share them (int8: "
+            "the same weights quantized); keras-hub has its own of the same shapes.",
             "Our API has no uncached beam search: no ours_beam4_uncached.",
             "keras-hub beam 4 has no length penalty and no finished-hypothesis set; ours "
-            "applies alpha=0.6 (paper 6.1). Both run L steps over batch x 4 rows.",
+            "applies alpha=0.6 (paper 6.1), CTranslate2 its own length_penalty=0.6. All run "
+            "L steps over batch x 4 rows (CTranslate2 with min_decoding_length = L).",
             "all_steps_ran is True when some output (best hypotheses, for beams) reached L "
             "tokens without an earlier EOS, which proves the loop ran all L steps.",
+            "peak_rss_mb is the whole process' peak while the decoder ran (every model of "
+            "the preset is loaded in it).",
         ],
         "targets": TARGETS,
         "machine": info,
         "failed_backends": failures,
         "backends": parts,
     }
+    if not task["model_dir"]:
+        payload["task"] = (
+            "skipped: no --task-model-dir (a trained Multi30k model directory; "
+            "`kt-train --config training/configs/multi30k.toml` makes one in about 45 minutes)"
+        )
     payload["target_verdicts"] = target_verdicts(parts, max(lengths))
     machine.write_json(output, payload)
     _plot(payload, pathlib.Path(output).with_suffix(".png"), decoders)
+    markdown = markdown_table(payload)
+    pathlib.Path(output).with_suffix(".md").write_text(markdown, encoding="utf-8")
     _print_summary(payload)
+    print("\n" + markdown)
     return payload
 
 
-def target_verdicts(parts, length):
-    """Per backend and target ratio: `{"ratio", "target", "met"}` at output length `length`."""
-    verdicts = {}
+def _entries(parts):
+    """`(backend, preset, batch, length, entry)` of every measured length."""
     for backend, part in parts.items():
-        measured = part["lengths"][str(length)]["ratios"]
-        verdicts[backend] = {
+        for preset, by_preset in part["presets"].items():
+            for batch, by_batch in by_preset["batches"].items():
+                for length, entry in by_batch["lengths"].items():
+                    yield backend, preset, batch, length, entry
+
+
+def target_verdicts(parts, length):
+    """Per backend/preset/batch and target ratio: `{"ratio", "target", "met"}` at `length`."""
+    verdicts = {}
+    for backend, preset, batch, measured_length, entry in _entries(parts):
+        if measured_length != str(length):
+            continue
+        measured = entry["ratios"]
+        verdicts[f"{backend}/{preset}/batch {batch}"] = {
             key: {"ratio": measured[key], "target": target, "met": measured[key] >= target}
             for key, target in TARGETS.items()
             if key in measured
@@ -432,72 +744,169 @@ def target_verdicts(parts, length):
 
 def _plot(payload, path, decoders):
     groups, series = [], {LABELS[name]: [] for name in decoders}
-    for backend, part in payload["backends"].items():
-        for length, entry in part["lengths"].items():
-            groups.append(f"L={length}\n{backend}")
-            for name in decoders:
-                m = entry["decoders"].get(name)
-                series[LABELS[name]].append(m and m["tokens_per_second"])
+    for backend, preset, batch, length, entry in _entries(payload["backends"]):
+        groups.append(f"{preset} b={batch}\nL={length} {backend}")
+        for name in decoders:
+            m = entry["decoders"].get(name)
+            series[LABELS[name]].append(m and m["tokens_per_second"])
     info = payload["machine"]
     machine.grouped_bar_chart(
         path,
-        f"Decoding speed, `{PRESET}` preset, batch {payload['batch']} (output tokens/s, higher is better)",
+        f"Decoding speed on the same weights (output tokens/s, higher is better; CTranslate2 {payload['ct2_threads']} threads)",
         "output tokens / s",
         groups,
         series,
         note=(
             f"{info['cpu_model']}, {info['usable_cores']} cores, load {info['load_average_1min_at_start']}"
-            f"->{info['load_average_1min']}; float32; keras {info['versions']['keras']}, "
-            f"keras-hub {info['versions']['keras-hub']}"
+            f"->{info['load_average_1min']}; keras {info['versions']['keras']}, "
+            f"keras-hub {info['versions'].get('keras-hub')}"
         ),
         log_scale=True,
     )
 
 
+def markdown_table(payload):
+    """The README's table: one row per decoder and setting, then the real task, then the targets."""
+    info = payload["machine"]
+    lines = [
+        f"<!-- produced by bench/decode.py from {payload['command']!r} -->",
+        f"Machine: {info['cpu_model']}, {info['usable_cores']} cores, load "
+        f"{info['load_average_1min_at_start']}->{info['load_average_1min']}; keras "
+        f"{info['versions']['keras']}, CTranslate2 {payload['ct2_threads']} threads.",
+        "",
+        "| preset | batch | L | backend | decoder | sentences/s | target tokens/s | peak RSS (MB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for backend, preset, batch, length, entry in _entries(payload["backends"]):
+        for name, m in entry["decoders"].items():
+            engine = "-" if name.startswith("ct2") else backend
+            lines.append(
+                f"| {preset} | {batch} | {length} | {engine} | {LABELS[name]} | "
+                f"{m['sentences_per_second']:,.1f} | {m['tokens_per_second']:,.0f} | {m['peak_rss_mb']:,.0f} |"
+            )
+    tasks = {backend: part["task"] for backend, part in payload["backends"].items() if part.get("task")}
+    if tasks:
+        lines += [
+            "",
+            "| Multi30k test2016, beam 4 | backend | seconds (compilation included) | sentences/s | target tokens/s | BLEU | peak RSS (MB) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for backend, task in tasks.items():
+            for name, m in task["engines"].items():
+                engine = "-" if name.startswith("ct2") else backend
+                lines.append(
+                    f"| {name} | {engine} | {m['seconds']:.1f} | {m['sentences_per_second']:.1f} | "
+                    f"{m['target_tokens_per_second']:,.0f} | {m['bleu']:.2f} | {m['peak_rss_mb']:,.0f} |"
+                )
+    else:
+        lines += ["", f"Multi30k test2016: {payload.get('task', 'not run')}."]
+    lines += ["", "| target | setting | ratio | met |", "|---|---|---|---|"]
+    for setting, verdicts in payload["target_verdicts"].items():
+        for key, verdict in verdicts.items():
+            lines.append(f"| {key} >= {verdict['target']} | {setting} | {verdict['ratio']:.2f}x | {'yes' if verdict['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
 def _print_summary(payload):
     print("\nSummary (speed ratios, same run):")
-    for backend, part in payload["backends"].items():
-        for length, entry in part["lengths"].items():
-            text = ", ".join(f"{k} {v:.2f}x" for k, v in entry["ratios"].items())
-            print(f"  {backend:<10} L={length:<3} {text}")
-    for backend, verdicts in payload["target_verdicts"].items():
+    for backend, preset, batch, length, entry in _entries(payload["backends"]):
+        text = ", ".join(f"{k} {v:.2f}x" for k, v in entry["ratios"].items())
+        print(f"  {backend:<10} {preset:<5} batch {batch:<3} L={length:<3} {text}")
+    for setting, verdicts in payload["target_verdicts"].items():
         for key, verdict in verdicts.items():
             print(
-                f"  target {backend:<10} {key} >= {verdict['target']}x at the longest length: "
+                f"  target {setting:<28} {key} >= {verdict['target']}x: "
                 f"{verdict['ratio']:.2f}x, {'met' if verdict['met'] else 'NOT met'}"
             )
     if payload["failed_backends"]:
         print(f"  failed backends: {payload['failed_backends']}")
 
 
+def _int_list(parser, name, text):
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        parser.error(f"--{name} must be comma-separated integers. Received: {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"--{name} must be positive integers. Received: {text!r}")
+    return values
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated Keras backends")
     parser.add_argument("--decoders", default=",".join(DECODERS), help=f"comma-separated, from {DECODERS}")
-    parser.add_argument("--lengths", default="32,64", help="comma-separated output lengths (decoding steps)")
-    parser.add_argument("--batch", type=int, default=32, help="sentences per batch")
+    parser.add_argument("--presets", default=",".join(PRESETS), help="comma-separated model presets")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
+    parser.add_argument("--lengths", default="64", help="comma-separated output lengths (decoding steps)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per decoder (best counts)")
+    parser.add_argument("--ct2-threads", type=int, default=CT2_THREADS, help="CTranslate2 intra_threads")
+    parser.add_argument("--task-model-dir", help="a trained Multi30k model directory: run the real task")
+    parser.add_argument("--task-data-dir", default="../shared/data/multi30k", help="Multi30k raw text files")
+    parser.add_argument("--task-languages", help="SRC-TGT of the task (default: the model's config.toml, else de-en)")
+    parser.add_argument("--task-limit", type=int, default=1000, help="test2016 sentences to translate")
+    parser.add_argument("--task-engines", default=",".join(TASK_ENGINES), help=f"comma-separated, from {TASK_ENGINES}")
+    parser.add_argument("--quick", action="store_true", help="a validation run: small, batches 4 and 1, L=8, 1 round, 20 task sentences")
+    parser.add_argument("--markdown", metavar="JSON", help="print the markdown table of a results file and exit")
     parser.add_argument("--output", default=str(machine.RESULTS_DIR / "decode.json"),
-                        help="JSON path; the PNG goes beside it")
+                        help="JSON path; the PNG and the markdown table go beside it")
     parser.add_argument("--part-output", help=argparse.SUPPRESS)  # one backend, used by gather
     args = parser.parse_args(argv)
+    if args.markdown:
+        import json
+
+        print(markdown_table(json.loads(pathlib.Path(args.markdown).read_text())))
+        return
+    if args.quick:
+        args.presets, args.batches, args.lengths, args.rounds = "small", "4,1", "8", 1
+        args.task_limit = min(args.task_limit, 20)
     backends = [b for b in args.backends.split(",") if b]
     decoders = [d for d in args.decoders.split(",") if d]
-    for values, known, what in ((backends, BACKENDS, "backend"), (decoders, DECODERS, "decoder")):
+    presets = [p for p in args.presets.split(",") if p]
+    engines = [e for e in args.task_engines.split(",") if e]
+    for values, known, what in (
+        (backends, BACKENDS, "backend"),
+        (decoders, DECODERS, "decoder"),
+        (presets, ("tiny", "small", "base", "big"), "preset"),
+        (engines, TASK_ENGINES, "task engine"),
+    ):
         unknown = sorted(set(values) - set(known))
         if unknown:
             parser.error(f"unknown {what}(s) {unknown}; expected some of {known}")
-    try:
-        lengths = [int(x) for x in args.lengths.split(",") if x]
-    except ValueError:
-        parser.error(f"--lengths must be comma-separated integers. Received: {args.lengths!r}")
-    if not lengths or min(lengths) < 1 or args.batch < 1 or args.rounds < 1:
-        parser.error("--lengths, --batch and --rounds must be positive")
+    lengths = _int_list(parser, "lengths", args.lengths)
+    batches = _int_list(parser, "batches", args.batches)
+    if args.rounds < 1 or args.ct2_threads < 1 or args.task_limit < 1:
+        parser.error("--rounds, --ct2-threads and --task-limit must be positive")
+    task = {"model_dir": args.task_model_dir, "data_dir": args.task_data_dir, "limit": args.task_limit}
+    if args.task_model_dir:
+        if not os.path.isfile(os.path.join(args.task_model_dir, "model.keras")):
+            parser.error(f"--task-model-dir {args.task_model_dir!r} holds no model.keras")
+        task["source_lang"], task["target_lang"] = _task_languages(args.task_languages, args.task_model_dir)
     if args.part_output:
         (backend,) = backends
-        machine.write_json(args.part_output, run_backend(backend, decoders, lengths, args.batch, args.rounds))
+        part = run_backend(backend, decoders, presets, batches, lengths, args.rounds, args.ct2_threads)
+        if args.task_model_dir:
+            part["task"] = run_task(
+                backend, args.task_model_dir, args.task_data_dir, task["source_lang"], task["target_lang"],
+                args.task_limit, args.ct2_threads, engines,
+            )
+        machine.write_json(args.part_output, part)
         return
-    gather(backends, decoders, lengths, args.batch, args.rounds, args.output)
+    gather(backends, decoders, presets, batches, lengths, args.rounds, args.ct2_threads, task, args.output)
+
+
+def _task_languages(given, model_dir):
+    """`(source, target)` from "SRC-TGT", else the model directory's config.toml, else de-en."""
+    if given:
+        source, _, target = given.partition("-")
+        return source, target
+    path = pathlib.Path(model_dir) / "config.toml"
+    if path.is_file():
+        import tomllib
+
+        values = tomllib.loads(path.read_text(encoding="utf-8"))
+        return values.get("source_lang", "de"), values.get("target_lang", "en")
+    return "de", "en"
 
 
 if __name__ == "__main__":

@@ -33,19 +33,28 @@ from keras_transformer.train.compile import compile_transformer  # noqa: E402
 from keras_transformer.train.config import TrainingConfig  # noqa: E402
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy  # noqa: E402
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: E402
+from keras_transformer.train.budget_schedule import BudgetSchedule  # noqa: E402
 from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # name -> module that defines it; imported when first accessed (these import TensorFlow).
 _LAZY = {
     "SubwordTokenizer": "keras_transformer.data.tokenizer",
     "train_tokenizer": "keras_transformer.data.tokenizer",
     "Translator": "keras_transformer.inference.translator",
+    "Hypothesis": "keras_transformer.inference.translator",
     "export_saved_model": "keras_transformer.inference.export",
+    "export_ctranslate2": "keras_transformer.inference.ctranslate2_export",
+    "CTranslate2Translator": "keras_transformer.inference.ctranslate2_translator",
     "RunConfig": "keras_transformer.train.run_config",
     "run_training": "keras_transformer.train.run",
     "average_checkpoints": "keras_transformer.train.checkpoints",
+    # Pretrained Marian / OPUS-MT translators (the `marian` extra; see docs/pretrained.md).
+    "import_marian": "keras_transformer.marian.importer",
+    "MarianTokenizer": "keras_transformer.marian.tokenizer",
+    "save_preset": "keras_transformer.presets",
+    "load_preset": "keras_transformer.presets",
 }
 
 
@@ -67,6 +76,7 @@ __all__ = [
     "TrainingConfig",
     "compile_transformer",
     "TransformerSchedule",
+    "BudgetSchedule",
     "LabelSmoothedCrossEntropy",
     "MaskedAccuracy",
     "Perplexity",

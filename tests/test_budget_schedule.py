@@ -95,3 +95,28 @@ def test_serializes_and_restores_the_same_curve():
 def test_bad_arguments_name_what_was_received(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BudgetSchedule(16, **kwargs)
+
+
+def test_training_config_decay_picks_the_schedule():
+    from keras_transformer.train.compile import make_schedule
+
+    assert isinstance(make_schedule(64), kt.TransformerSchedule)
+    config = kt.TrainingConfig(warmup_steps=10, decay="linear", total_steps=110)
+    schedule = make_schedule(64, config)
+    assert isinstance(schedule, BudgetSchedule)
+    assert (schedule.total_steps, schedule.warmup_steps, schedule.decay) == (110, 10, "linear")
+    assert lr(schedule, 59) == pytest.approx(schedule.peak_learning_rate / 2, rel=1e-6)  # step 60: p = 1/2
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(decay="cosine"), "`total_steps` .* is needed. Received: total_steps=None"),
+        (dict(decay="cosine", total_steps=100, warmup_steps=100), "greater than `warmup_steps`"),
+        (dict(decay="step"), "decay"),
+        (dict(total_steps=-5), "total_steps"),
+    ],
+)
+def test_training_config_refuses_a_budget_it_cannot_end(changes, message):
+    with pytest.raises(ValueError, match=message):
+        kt.TrainingConfig(**changes)

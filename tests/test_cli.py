@@ -32,6 +32,7 @@ COMMANDS = {  # console script -> module of keras_transformer.cli
     "kt-visualize": "visualize",
     "kt-average-checkpoints": "average_checkpoints",
     "kt-demo": "demo",
+    "kt-import-marian": "import_marian",
 }
 
 
@@ -175,6 +176,26 @@ def test_decoding_arguments_give_translator_settings():
     assert "batch_size" not in common.decoding_settings(export_parser.parse_args([]))
 
 
+def test_sampling_arguments_give_translator_settings_and_only_where_a_translator_runs():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    common.add_decoding_arguments(parser)
+    argv = ["--sample", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3"]
+    assert common.decoding_settings(parser.parse_args(argv)) == {
+        "beam_size": 4, "length_penalty": 0.6, "max_extra": 50, "batch_size": 64,
+        "decoding": "sample", "temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 3,
+    }
+    # A sampling setting without --sample is passed on, for the Translator to refuse by name.
+    assert common.decoding_settings(parser.parse_args(["--temperature", "0.5"]))["temperature"] == 0.5
+    with pytest.raises(SystemExit):  # one search or the other
+        parser.parse_args(["--sample", "--greedy"])
+    export_parser = argparse.ArgumentParser()
+    common.add_decoding_arguments(export_parser, batch_size=False)  # kt-export: no sampling
+    with pytest.raises(SystemExit):
+        export_parser.parse_args(["--sample"])
+
+
 def test_overrides_set_reads_keys_of_set_arguments():
     import argparse
 
@@ -202,6 +223,27 @@ def test_translate_prints_one_line_per_input_line(tiny_dir, greedy_translator, t
     printed = capsys.readouterr().out.splitlines()
     assert printed == greedy_translator.translate(lines)
     assert len(printed) == len(lines) and printed[2] == ""
+
+
+def test_translate_prints_n_best_lists_in_moses_format_from_prefixes(tiny_dir, greedy_translator, tmp_path, capsys):
+    from keras_transformer.cli.translate import main
+
+    sentences = pick_sentences(greedy_translator.tokenizer, count=2)
+    prefixes = tmp_path / "prefixes.txt"
+    prefixes.write_text("cats\n\n", encoding="utf-8")
+    argv = ["--model-dir", str(tiny_dir), "--greedy", "--n-best", "1", "--prefixes", str(prefixes), *sentences]
+    assert main(argv) == 0
+    expected = greedy_translator.translate(sentences, prefixes=["cats", ""], n_best=1)
+    assert capsys.readouterr().out.splitlines() == [
+        f"{index} ||| {text} ||| {score:.4f}" for index, ((text, score),) in enumerate(expected)
+    ]
+    assert expected[0][0].text.startswith("cats")
+    # More hypotheses than the search keeps: one line naming both, exit status 2.
+    with pytest.raises(SystemExit) as stop:
+        main(["--model-dir", str(tiny_dir), "--greedy", "--n-best", "2", *sentences])
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and error.startswith("kt-translate: error: nothing was translated: `n_best`")
+    assert "n_best=2, beam_size=1" in error
 
 
 def test_translate_reports_a_missing_model_directory_as_a_usage_error(tmp_path, capsys):

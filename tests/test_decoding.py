@@ -312,8 +312,10 @@ def test_bad_arguments_are_refused_with_clear_messages(decoded):
         decoding.greedy_decode(model, SOURCES.astype("float32"))
     with pytest.raises(ValueError, match=r"`max_length` must be an integer in \[1, 31\].*max_length=40"):
         decoding.greedy_decode(model, SOURCES, max_length=40)
-    with pytest.raises(ValueError, match=r"`method` must be one of .* Received: method='sample'"):
-        CompiledDecoder(model, "sample")
+    with pytest.raises(ValueError, match=r"`method` must be one of .* Received: method='nucleus'"):
+        CompiledDecoder(model, "nucleus")
+    with pytest.raises(ValueError, match=r"`seed` is required by the \"sample\" method and taken by no other"):
+        CompiledDecoder(model, "greedy", **GREEDY)(SOURCES, seed=3)
 
 
 def test_compiled_decoder_traces_once_per_shape_and_sees_new_weights(decoded):
@@ -363,3 +365,81 @@ def test_decoding_traces_in_a_tf_function_with_dynamic_batch_and_length(decoded)
     np.testing.assert_array_equal(tokens.numpy(), to_numpy(expected[0]))
     np.testing.assert_allclose(scores.numpy(), to_numpy(expected[1]), atol=1e-5)
     assert [shape.as_list() for shape in traces] == [[None, None]]  # one trace served both
+
+
+# ------------------------------------------------------------------ forced prefixes
+PREFIXES = np.array([[20, 21, 0], [22, 0, 0]], "int32")  # two tokens, one token
+
+
+def test_a_prefix_is_forced_then_the_table_decides():
+    """Forcing B (the trap's second choice) makes greedy find B -> EOS; scores include it."""
+    step_fn, _ = table_step_fn(GREEDY_TRAP)
+    prefix = np.array([[B]], "int32")
+    tokens, scores = decoding.greedy_search(step_fn, (), 1, 4, prefix_ids=prefix)
+    assert to_numpy(tokens).tolist() == [padded([B, EOS_ID], 4)]
+    assert to_numpy(scores)[0] == pytest.approx(math.log(0.4 * 0.9), abs=1e-5)
+    # Forcing A, A: every beam follows it, then branches.
+    tokens, scores = decoding.beam_search(
+        step_fn, (), 1, 5, beam_size=2, alpha=0.0, prefix_ids=np.array([[A, A]], "int32"), return_all_beams=True
+    )
+    # A A EOS (0.5 * 0.3 * 0.35) beats A A B EOS (0.5 * 0.3 * 0.3 * 0.9) at alpha = 0.
+    assert to_numpy(tokens).tolist() == [[padded([A, A, EOS_ID], 5), padded([A, A, B, EOS_ID], 5)]]
+    np.testing.assert_allclose(
+        to_numpy(scores), [[math.log(0.5 * 0.3 * 0.35), math.log(0.5 * 0.3 * 0.3 * 0.9)]], atol=1e-5
+    )
+    # The length limit wins over a prefix that does not fit (what a compiled search does).
+    tokens, _ = decoding.greedy_search(step_fn, (), 1, 2, prefix_ids=np.array([[A, A, A]], "int32"))
+    assert to_numpy(tokens).tolist() == [[A, EOS_ID]]
+
+
+def test_greedy_from_a_prefix_of_its_own_output_gives_that_output(decoded):
+    model, (tokens, scores), _, _ = decoded
+    for length in (1, 2, 3):
+        prefix = tokens[:, :length].copy()
+        prefixed_tokens, prefixed_scores = decoding.greedy_decode(model, SOURCES, prefix_ids=prefix, **GREEDY)
+        np.testing.assert_array_equal(to_numpy(prefixed_tokens), tokens)
+        np.testing.assert_allclose(to_numpy(prefixed_scores), scores, atol=1e-5)
+
+
+def test_forced_prefixes_are_kept_and_decoded_as_the_uncached_model_decodes(decoded):
+    model, (tokens, _), _, _ = decoded
+    cached, cached_scores = (to_numpy(x) for x in decoding.greedy_decode(model, SOURCES, prefix_ids=PREFIXES, **GREEDY))
+    uncached, uncached_scores = (
+        to_numpy(x) for x in decoding.greedy_decode_uncached(model, SOURCES, prefix_ids=PREFIXES, **GREEDY)
+    )
+    np.testing.assert_array_equal(cached, uncached)
+    np.testing.assert_allclose(cached_scores, uncached_scores, atol=1e-5)
+    assert cached[0, :2].tolist() == [20, 21] and cached[1, 0] == 22
+    assert not np.array_equal(cached, tokens)  # the continuation follows the prefix
+    # The score is the model's log-probability of the whole output, prefix included.
+    log_probs, _ = teacher_forced_log_probs(model, SOURCES, cached)
+    np.testing.assert_allclose(cached_scores, log_probs, atol=1e-4)
+
+
+def test_beam_search_from_a_prefix_starts_every_hypothesis_with_it(decoded):
+    model = decoded[0]
+    tokens, scores = (to_numpy(x) for x in decoding.beam_decode(model, SOURCES, prefix_ids=PREFIXES, **BEAMS))
+    assert np.all(tokens[0, :, :2] == [20, 21]) and np.all(tokens[1, :, 0] == 22)
+    assert np.all(np.diff(scores, axis=1) <= 0) and np.all(np.isfinite(scores))
+    log_probs, lengths = teacher_forced_log_probs(model, np.repeat(SOURCES, 3, axis=0), tokens.reshape(6, -1))
+    np.testing.assert_allclose(scores.reshape(-1), log_probs / ((5 + lengths) / 6) ** 0.6, atol=1e-4)
+    decoder = CompiledDecoder(model, "beam", **BEAMS)
+    compiled_tokens, compiled_scores = decoder(SOURCES, prefix_ids=PREFIXES)
+    np.testing.assert_array_equal(to_numpy(compiled_tokens), tokens)
+    np.testing.assert_allclose(to_numpy(compiled_scores), scores, atol=1e-5)
+
+
+def test_bad_prefixes_are_refused_naming_the_lengths(decoded):
+    model = decoded[0]
+    too_long = np.array([[20, 21, 22, 23, 24], [22, 0, 0, 0, 0]], "int32")  # limit 3 + 2 = 5
+    message = r"The prefix of sentence 0 has 5 tokens, but that sentence's output limit is 5 tokens, EOS included: a prefix may have at most 4"
+    with pytest.raises(ValueError, match=message):
+        decoding.greedy_decode(model, SOURCES, prefix_ids=too_long, **GREEDY)
+    with pytest.raises(ValueError, match=message):
+        decoding.beam_decode(model, SOURCES, prefix_ids=too_long, beam_size=2, max_extra=EXTRA)
+    with pytest.raises(ValueError, match=r"one row per sentence: 2 rows. Received: shape=\(1, 2\)"):
+        decoding.greedy_decode(model, SOURCES, prefix_ids=np.array([[20, 21]]), **GREEDY)
+    with pytest.raises(ValueError, match=r"holds id 40 at position \(1, 0\), outside \[0, vocab_size=32\)"):
+        decoding.greedy_decode(model, SOURCES, prefix_ids=np.array([[20], [40]]), **GREEDY)
+    with pytest.raises(ValueError, match=r"holds BOS \(2\) at position \(0, 0\)"):
+        decoding.greedy_decode(model, SOURCES, prefix_ids=np.array([[BOS_ID], [20]]), **GREEDY)

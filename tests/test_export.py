@@ -51,6 +51,13 @@ LOADER = textwrap.dedent(
     out = full.signatures["translate_ids"](encoder_inputs=tf.constant(request["ids"], tf.int32))
     result["translate_ids"] = {"output_ids": out["output_ids"].numpy().tolist(),
                                "score": out["score"].numpy().tolist()}
+    out = full.signatures["translate_n_best"](text=tf.constant(request["batches"]["batch7"]))
+    result["n_best"] = {"translations": [[t.decode() for t in row] for row in out["translations"].numpy()],
+                        "scores": out["scores"].numpy().tolist()}
+    for name, loaded in (("ids_n_best", full), ("ids_only_n_best", ids_only)):
+        out = loaded.signatures["translate_ids_n_best"](encoder_inputs=tf.constant(request["ids"], tf.int32))
+        result[name] = {"output_ids": out["output_ids"].numpy().tolist(), "scores": out["scores"].numpy().tolist()}
+    result["ids_only_signatures"] = sorted(ids_only.signatures)
     print(json.dumps(result))
     """
 )
@@ -142,6 +149,39 @@ def test_token_id_signatures_match_the_translator(served, translator, sentences)
 
 
 @needs_tensorflow
+def test_n_best_signatures_return_the_translators_n_best_lists(served, translator):
+    """`[batch, k]` translations and scores (k = the beam size by default), best first."""
+    result, request, _ = served
+    batch = request["batches"]["batch7"]
+    expected = translator.translate(batch, n_best=BEAM_SIZE)
+    assert [[text for text in row] for row in result["n_best"]["translations"]] == [
+        [h.text for h in hypotheses] + [""] * (BEAM_SIZE - len(hypotheses)) for hypotheses in expected
+    ]
+    scores = np.array(result["n_best"]["scores"])
+    assert scores.shape == (7, BEAM_SIZE)
+    for row, hypotheses in enumerate(expected):
+        np.testing.assert_allclose(scores[row, : len(hypotheses)], [h.score for h in hypotheses], atol=1e-4)
+        assert np.all(np.isneginf(scores[row, len(hypotheses) :]))  # an empty input: "" with 0, then -inf
+    assert result["ids_only_signatures"] == ["serving_default", "translate_ids", "translate_ids_n_best"]
+    # The token-id lists: their first column is `translate_ids`' answer, checked above.
+    for name in ("ids_n_best", "ids_only_n_best"):
+        tokens, scores = np.array(result[name]["output_ids"]), np.array(result[name]["scores"])
+        assert tokens.shape[:2] == (3, BEAM_SIZE) and scores.shape == (3, BEAM_SIZE)
+        assert tokens[:, 0].tolist() == result["translate_ids"]["output_ids"]
+        np.testing.assert_allclose(scores[:, 0], result["translate_ids"]["score"], atol=1e-5)
+        assert np.all(np.diff(scores, axis=1) <= 0)
+
+
+def test_n_best_above_the_beam_size_is_refused_before_exporting(model_dir, tmp_path):
+    if not ON_TENSORFLOW:
+        pytest.skip("SavedModel export needs the TensorFlow backend")
+    message = r"`n_best` must be at most the beam size.*Received: n_best=3, beam_size=2"
+    with pytest.raises(ValueError, match=message):
+        export.export_saved_model(model_dir, base_dir=str(tmp_path), beam_size=2, n_best=3)
+    assert not os.listdir(tmp_path)
+
+
+@needs_tensorflow
 def test_graphs_hold_no_python_function_ops(exports):
     _, full, ids_only = exports
     full_ops = export.saved_model_op_types(full)
@@ -165,6 +205,11 @@ def test_saved_model_cli_lists_both_signatures(served):
     for expected in (
         "signature_def['serving_default']",
         "signature_def['translate_ids']",
+        "signature_def['translate_n_best']",
+        "signature_def['translate_ids_n_best']",
+        # k is fixed at export time: the beam size by default.
+        f"outputs['translations'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1, {BEAM_SIZE})",
+        f"outputs['scores'] tensor_info:\n        dtype: DT_FLOAT\n        shape: (-1, {BEAM_SIZE})",
         # Inputs of any shape: their rank is checked in the graph, with a clear message.
         "inputs['text'] tensor_info:\n        dtype: DT_STRING\n        shape: unknown_rank",
         "outputs['translation'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)",

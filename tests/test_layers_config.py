@@ -11,6 +11,8 @@ LAYERS = [
     (layers.MultiHeadAttention, dict(num_heads=2, key_dim=4, value_dim=4, dropout=0.1, use_bias=False, output_dim=8)),
     (layers.PositionwiseFeedForward, dict(hidden_dim=8, intermediate_dim=16, dropout=0.1, activation="gelu")),
     (layers.TokenEmbedding, dict(vocab_size=32, d_model=8, scale=False)),
+    pytest.param(layers.TokenEmbedding, dict(vocab_size=32, d_model=8, output_bias=True), id="TokenEmbedding_output_bias"),
+    pytest.param(layers.FixedPositionEmbedding, dict(max_length=12), id="FixedPositionEmbedding"),
     (layers.SinusoidalPositionEncoding, dict(max_length=12)),
     (layers.LearnedPositionEmbedding, dict(max_length=12)),
     (
@@ -18,10 +20,11 @@ LAYERS = [
         dict(num_heads=2, intermediate_dim=16, dropout=0.2, attention_dropout=0.1, norm_first=True, layer_norm_epsilon=1e-5),
     ),
     (layers.DecoderBlock, dict(num_heads=2, intermediate_dim=16, activation_dropout=0.1, activation="gelu")),
+    pytest.param(layers.EncoderBlock, dict(num_heads=2, intermediate_dim=16, activation="silu"), id="EncoderBlock_silu"),
 ]
 
 
-@pytest.mark.parametrize("cls, kwargs", LAYERS, ids=[c.__name__ for c, _ in LAYERS])
+@pytest.mark.parametrize("cls, kwargs", LAYERS, ids=[entry[0].__name__ if type(entry) is tuple else None for entry in LAYERS])
 def test_get_config_round_trip(cls, kwargs):
     layer = cls(**kwargs, name="probe")
     config = layer.get_config()

@@ -242,6 +242,9 @@ def test_mixed_float16_forward_and_fit_step_are_finite():
         (dict(share_embeddings=1), "`share_embeddings` must be of type bool. Received: share_embeddings=1"),
         (dict(position_encoding="rotary"), "`position_encoding` must be one of"),
         (dict(d_modle=512), r"Unknown TransformerConfig field\(s\): \['d_modle'\]"),
+        (dict(activation="tanh"), r"`activation` must be one of \('relu', 'gelu', 'swish'\). Received: activation='tanh'"),
+        (dict(scale_embeddings="yes"), "`scale_embeddings` must be of type bool"),
+        (dict(output_bias=True, share_embeddings=False), "untied `output_projection` has its own bias"),
     ],
 )
 def test_invalid_config_raises_before_any_model_is_built(overrides, message):
@@ -260,3 +263,67 @@ def test_presets_and_replace():
         kt.TransformerConfig.from_preset("huge")
     with pytest.raises(ValueError, match="Received: d_model=512, num_heads=3"):
         base.replace(num_heads=3)
+
+
+# --------------------------------------------------- options for pretrained models
+def test_new_options_default_to_the_paper():
+    config = kt.TransformerConfig()
+    assert (config.activation, config.scale_embeddings, config.output_bias) == ("relu", True, False)
+    model = kt.build_transformer(tiny_config())
+    assert not [w.path for w in model.weights if "output_bias" in w.path]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swish"])
+def test_activation_option_reaches_every_feed_forward(activation):
+    model = kt.build_transformer(tiny_config(activation=activation))
+    block = model.get_layer("decoder_layer_0")
+    ffn = block.feed_forward
+    x = np.random.default_rng(0).normal(size=(1, 3, 16)).astype("float32")
+    hidden = x @ to_numpy(ffn.intermediate_dense.kernel) + to_numpy(ffn.intermediate_dense.bias)
+    if activation == "swish":
+        hidden = hidden / (1.0 + np.exp(-hidden))  # x * sigmoid(x)
+    else:  # exact GELU: x * Phi(x)
+        from math import erf
+
+        hidden = hidden * 0.5 * (1.0 + np.vectorize(erf)(hidden / np.sqrt(2.0)))
+    expected = hidden @ to_numpy(ffn.output_dense.kernel) + to_numpy(ffn.output_dense.bias)
+    np.testing.assert_allclose(to_numpy(ffn(x)), expected, atol=1e-5)
+
+
+def test_output_bias_is_added_to_the_tied_logits():
+    keras.utils.set_random_seed(3)
+    plain = kt.build_transformer(tiny_config())
+    keras.utils.set_random_seed(3)
+    biased = kt.build_transformer(tiny_config(output_bias=True))
+    bias = np.arange(32, dtype="float32") / 10.0
+    biased.get_layer("token_embedding").logits_bias.assign(bias)
+    np.testing.assert_allclose(logits_of(biased), logits_of(plain) + bias, atol=1e-5)
+
+
+def test_unscaled_embeddings_are_the_rows_themselves():
+    model = kt.build_transformer(tiny_config(scale_embeddings=False))
+    embedding = model.get_layer("token_embedding")
+    np.testing.assert_array_equal(
+        to_numpy(embedding(np.array([[5, 6]], "int32")))[0], to_numpy(embedding.embeddings)[[5, 6]]
+    )
+
+
+def test_fixed_position_table_starts_as_the_sinusoids_and_is_never_trained(tmp_path):
+    keras.utils.set_random_seed(4)
+    sinusoidal = kt.build_transformer(tiny_config())
+    keras.utils.set_random_seed(4)
+    fixed = kt.build_transformer(tiny_config(position_encoding="fixed"))
+    np.testing.assert_allclose(logits_of(fixed), logits_of(sinusoidal), atol=1e-5)
+    table = fixed.get_layer("encoder_position_encoding").position_embeddings
+    assert not table.trainable
+    fixed.trainable = True  # what a user does to unfreeze a model: the table stays fixed
+    assert all(weight is not table for weight in fixed.trainable_weights)
+    # A loaded table is what it computes with, and saving keeps it.
+    loaded = np.random.default_rng(0).normal(size=tuple(table.shape)).astype("float32")
+    table.assign(loaded)
+    before = logits_of(fixed)
+    path = tmp_path / "model.keras"
+    fixed.save(path)
+    restored = keras.models.load_model(path)
+    np.testing.assert_array_equal(to_numpy(restored.get_layer("encoder_position_encoding").position_embeddings), loaded)
+    np.testing.assert_allclose(logits_of(restored), before, atol=1e-6)

@@ -352,3 +352,15 @@ def test_fit_on_a_dataset_does_not_warn_about_shuffle():
         warnings.simplefilter("always")
         model.fit(dataset, epochs=1, verbose=0, shuffle=True)
     assert [w for w in caught if "shuffle=True" in str(w.message)]
+
+
+def test_jit_compile_true_is_refused_on_pytorch_and_accepted_elsewhere():
+    # torch.compile fails on this model deep inside dynamo (docs/benchmarks.md, GPU section).
+    model = kt.build_transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=50))
+    if keras.backend.backend() == "torch":
+        with pytest.raises(ValueError, match=r"jit_compile=True \(torch.compile\) cannot compile .* Received: jit_compile=True"):
+            kt.compile_transformer(model, jit_compile=True)
+        kt.compile_transformer(model, jit_compile=False)  # eager runs
+    else:
+        kt.compile_transformer(model, jit_compile=True)
+    assert model.compiled

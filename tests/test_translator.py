@@ -25,7 +25,8 @@ from tiny_translation import (  # noqa: F401  (session fixtures)
 
 import keras_transformer as kt
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
-from keras_transformer.inference.translator import Translator, pad_batch
+from keras_transformer.inference import decoding
+from keras_transformer.inference.translator import Hypothesis, Translator, pad_batch
 
 
 def alone(translator, sentence):
@@ -214,3 +215,197 @@ def test_translate_command_line_rules_run_as_their_examples_say():
     lines, invalid = translate.split_lines(b"\xef\xbb\xbfa\x1cb\r\r\n\xe2\x80\xa8\n")
     assert lines == ["a\x1cb\r", "\u2028"] and invalid == []  # BOM dropped; one "\r" only
     assert translate.split_lines(b"") == ([], []) and translate.split_lines(b"\n") == ([""], [])
+
+
+# ------------------------------------------------------------------ n-best lists
+@pytest.fixture(scope="module")
+def greedy(translator):
+    """A greedy translator of the session's model (a plain tf.function graph on TensorFlow)."""
+    return Translator(
+        translator.model, translator.tokenizer, beam_size=1, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE, jit_compile=False
+    )
+
+
+def test_n_best_lists_are_the_beams_best_first_starting_with_the_translation(translator, sentences):
+    best, best_scores = translator.translate(sentences, return_scores=True)
+    lists = translator.translate(sentences + [""], n_best=BEAM_SIZE)
+    assert lists[-1] == [Hypothesis("", 0.0)]
+    # Every beam, as beam search returns them (one eager call for all), detokenized.
+    ids = [ids + [EOS_ID] for ids in translator.tokenizer.encode(sentences)]
+    tokens, scores = (
+        keras.ops.convert_to_numpy(x)
+        for x in decoding.beam_decode(
+            translator.model, pad_batch(ids, MAX_LENGTH, len(ids)), BEAM_SIZE, max_extra=MAX_EXTRA, return_all_beams=True
+        )
+    )
+    for row, (hypotheses, text, score) in enumerate(zip(lists, best, best_scores)):
+        assert [h.text for h in hypotheses] == translator.tokenizer.decode(tokens[row])
+        np.testing.assert_allclose([h.score for h in hypotheses], scores[row], atol=1e-5)
+        assert hypotheses[0].text == text and hypotheses[0].score == pytest.approx(score, abs=1e-5)
+        assert hypotheses[0].score >= hypotheses[1].score
+    one_best = translator.translate(sentences[:2], n_best=1)
+    assert [[h.text for h in hypotheses] for hypotheses in one_best] == [[h[0].text] for h in lists[:2]]
+    np.testing.assert_allclose([h[0].score for h in one_best], [h[0].score for h in lists[:2]], atol=1e-5)
+
+
+def test_n_best_above_the_beam_size_is_refused_naming_both(translator, greedy, sentences):
+    with pytest.raises(ValueError, match=r"`n_best` must be at most the beam size.*n_best=3, beam_size=2"):
+        translator.translate(sentences, n_best=3)
+    with pytest.raises(ValueError, match=r"n_best=2, beam_size=1 \(greedy search keeps one\)"):
+        greedy.translate(sentences, n_best=2)
+    with pytest.raises(ValueError, match=r"`n_best` must be a positive integer. Received: n_best=0"):
+        translator.translate(sentences, n_best=0)
+    with pytest.raises(ValueError, match=r"`return_scores` and `n_best` do not go together"):
+        translator.translate(sentences, n_best=1, return_scores=True)
+    # Greedy search has an n-best list of one: its translation.
+    translations, scores = greedy.translate(sentences[:4], return_scores=True)
+    assert greedy.translate(sentences[:4], n_best=1) == [[Hypothesis(t, s)] for t, s in zip(translations, scores)]
+
+
+# ------------------------------------------------------------------ forced prefixes
+def _greedy_tokens(translator, sentence):
+    ids = translator.tokenizer.encode([sentence])[0][: translator.max_source_tokens]
+    tokens, _ = translator.decoder(pad_batch([ids + [EOS_ID]], MAX_LENGTH, 1))
+    tokens = keras.ops.convert_to_numpy(tokens)[0].tolist()
+    return tokens[: tokens.index(EOS_ID)]
+
+
+def test_a_prefix_of_the_greedy_output_gives_the_greedy_output(greedy, sentences):
+    """Prefixes cut from each output where the text tokenizes back to the same pieces."""
+    cases = []
+    for sentence in pick_sentences(greedy.tokenizer, count=16):
+        tokens = _greedy_tokens(greedy, sentence)
+        for length in range(len(tokens) - 1, 0, -1):
+            text = greedy.tokenizer.decode(np.array([tokens[:length]]))[0]
+            if greedy.tokenizer.encode([text])[0] == tokens[:length]:
+                cases.append((sentence, text))
+                break
+    if not cases:  # test_decoding checks the same with token ids, on every backend
+        pytest.skip(
+            "this backend's random weights start every output inside a word, so no prefix of "
+            "an output tokenizes back to the same pieces"
+        )
+    sources, prefixes = [case[0] for case in cases], [case[1] for case in cases]
+    expected = greedy.translate(sources, return_scores=True)
+    got = greedy.translate(sources, prefixes=prefixes, return_scores=True)
+    assert got[0] == expected[0]
+    np.testing.assert_allclose(got[1], expected[1], atol=1e-5)
+
+
+def test_a_prefix_starts_the_translation_and_changes_its_continuation(translator, greedy, sentences):
+    prefix = "birds like"
+    prefixes = [prefix, "", prefix, prefix]
+    outputs = {}
+    for search in (greedy, translator):
+        plain = search.translate(sentences[:4])
+        prefixed = outputs[search] = search.translate(sentences[:4], prefixes=prefixes)
+        assert all(text.startswith(prefix) for text in (prefixed[0], prefixed[2], prefixed[3]))
+        assert prefixed[1] == plain[1]  # "" forces nothing
+        assert prefixed[0] != plain[0]
+    # Each sentence keeps its own prefix whatever the order of the call.
+    order = [3, 1, 0, 2]
+    reordered = greedy.translate([sentences[i] for i in order], prefixes=[prefixes[i] for i in order])
+    assert reordered == [outputs[greedy][i] for i in order]
+    lists = translator.translate(sentences[:4], prefixes=[prefix] * 4, n_best=BEAM_SIZE)
+    assert all(h.text.startswith(prefix) for hypotheses in lists for h in hypotheses)
+    assert [hypotheses[0].text for hypotheses in lists] == translator.translate(sentences[:4], prefixes=[prefix] * 4)
+    # An empty source with a prefix is decoded from EOS alone: its output starts with the prefix.
+    assert greedy.translate(["", ""], prefixes=["cats", ""])[0].startswith("cats")
+
+
+@pytest.mark.parametrize(
+    "prefixes, error, message",
+    [
+        ([], ValueError, r"one prefix per sentence .*: 2 sentences, but received 0 prefixes"),
+        (["birds"], ValueError, r"2 sentences, but received 1 prefixes"),
+        ("birds", TypeError, r"`prefixes` must be a list of str, not a single str"),
+        (["birds", None], TypeError, r"Every prefix must be a str. Received: NoneType \(None\) at index 1"),
+        (["", "birds see " * 4], ValueError, r"Prefix 1 has \d+ tokens, but sentence 1's output limit is \d+ tokens"),
+    ],
+    ids=["empty_list", "one_short", "lone_str", "none_item", "too_long"],
+)
+def test_bad_prefixes_are_refused_before_decoding(greedy, sentences, prefixes, error, message):
+    with pytest.raises(error, match=message):
+        greedy.translate(sentences[:2], prefixes=prefixes)
+
+
+def test_a_prefix_over_the_output_limit_names_both_lengths(greedy, sentences):
+    ids = greedy.tokenizer.encode([sentences[0]])[0]
+    limit = min(len(ids) + 1 + MAX_EXTRA, MAX_LENGTH - 1)
+    prefix = " ".join(["birds see cars"] * 6)
+    length = len(greedy.tokenizer.encode([prefix])[0])
+    assert length >= limit
+    message = (
+        rf"Prefix 0 has {length} tokens, but sentence 0's output limit is {limit} tokens "
+        rf"\(its {len(ids) + 1} source tokens with EOS \+ max_extra={MAX_EXTRA}, at most max_length - 1 = 15\), "
+        rf"EOS included: a prefix may have at most {limit - 1} tokens"
+    )
+    with pytest.raises(ValueError, match=message):
+        greedy.translate(sentences[:1], prefixes=[prefix])
+
+
+# ------------------------------------------------------------------ sampling
+def test_seeded_sampling_repeats_exactly_and_top_k_1_is_greedy(translator, greedy, sentences):
+    def sampler(**settings):
+        return Translator(
+            translator.model, translator.tokenizer, decoding="sample", max_extra=MAX_EXTRA,
+            batch_size=BATCH_SIZE, jit_compile=False, **settings,
+        )
+
+    first = sampler(seed=11)
+    calls = [first.translate(sentences, return_scores=True) for _ in range(2)]
+    traces = first.decoder.trace_count
+    again = sampler(seed=11)
+    assert [again.translate(sentences, return_scores=True) for _ in range(2)] == calls
+    assert calls[0][0] != calls[1][0]  # later calls draw afresh
+    assert first.decoder.trace_count == traces  # new seeds reuse the program
+    assert sampler(seed=12).translate(sentences) != calls[0][0]
+    assert first.translate(sentences[:2], n_best=1)[0][0].text  # an n-best list of one
+    top1, top1_scores = sampler(seed=11, top_k=1).translate(sentences, return_scores=True)
+    expected, expected_scores = greedy.translate(sentences, return_scores=True)
+    assert top1 == expected
+    np.testing.assert_allclose(top1_scores, expected_scores, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(decoding="sample", temperature=0.0), r"`temperature` must be a finite number > 0. Received: temperature=0.0"),
+        (dict(decoding="sample", top_p=1.5), r"`top_p` must be a number in \(0, 1\]. Received: top_p=1.5"),
+        (dict(decoding="sample", top_p=0.0), r"`top_p` must be a number in \(0, 1\]. Received: top_p=0.0"),
+        (dict(decoding="sample", top_k=0), r"`top_k` must be a positive integer. Received: top_k=0"),
+        (dict(decoding="sample", seed="7"), r"`seed` must be an integer or None. Received: seed='7'"),
+        (dict(temperature=0.7), r"temperature=0.7: `temperature`, `top_k`, `top_p` and `seed` apply to decoding=\"sample\". Received: decoding='beam'"),
+        (dict(decoding="nucleus"), r"`decoding` must be one of \('beam', 'greedy', 'sample'\). Received: decoding='nucleus'"),
+    ],
+    ids=["temperature_zero", "top_p_above_1", "top_p_zero", "top_k_zero", "seed_str", "sampling_for_beam", "unknown_decoding"],
+)
+def test_bad_decoding_settings_are_refused_naming_them(translator, settings, message):
+    with pytest.raises(ValueError, match=message):
+        Translator(translator.model, translator.tokenizer, **settings)
+
+
+# ------------------------------------------------------------------ presets
+def test_from_preset_builds_a_translator_from_what_load_preset_returns(translator, monkeypatch, sentences):
+    """`from_preset` hands the handle to `presets.load_preset` and its settings to the constructor."""
+    import sys
+    import types
+
+    handles = []
+
+    def load_preset(handle):
+        handles.append(handle)
+        return translator.model, translator.tokenizer
+
+    monkeypatch.setitem(sys.modules, "keras_transformer.presets", types.SimpleNamespace(load_preset=load_preset))
+    loaded = Translator.from_preset("presets/tiny", beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE, jit_compile=False)
+    assert handles == ["presets/tiny"]
+    assert loaded.model is translator.model and loaded.beam_size == BEAM_SIZE and loaded.max_extra == MAX_EXTRA
+    assert loaded.translate(sentences[:2]) == translator.translate(sentences[:2])
+
+
+def test_from_preset_loads_a_saved_preset_that_translates_as_its_model_directory(translator, model_dir, tmp_path, sentences):
+    presets = pytest.importorskip("keras_transformer.presets", reason="the preset module is another change's")
+    preset = presets.save_preset(model_dir, tmp_path / "preset")
+    loaded = Translator.from_preset(preset, beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, batch_size=BATCH_SIZE, jit_compile=False)
+    assert loaded.translate(sentences[:4]) == translator.translate(sentences[:4])

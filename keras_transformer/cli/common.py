@@ -7,8 +7,10 @@
 - `add_config_arguments` / `read_run_config`: `--config FILE` and `--set KEY=VALUE`
   (kt-train, kt-demo).
 - `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
-  `--length-penalty`, `--max-extra`, `--batch-size` (kt-translate, kt-evaluate,
-  kt-export), with the paper's defaults defined once in `inference.decoding`.
+  `--length-penalty`, `--max-extra` (kt-translate, kt-evaluate, kt-export), with the
+  paper's defaults defined once in `inference.decoding`; `--batch-size` and sampling
+  (`--sample`, `--temperature`, `--top-k`, `--top-p`, `--seed`) for the commands that
+  translate in Python (kt-translate, kt-evaluate).
 - `write_metrics`: scores as `MODEL_DIR/metrics.json` (kt-evaluate, kt-demo).
 - `fail` / `COMMAND_ERRORS`: a missing file, a bad value or a corrupt model directory
   ends a command with one line, `kt-xxx: error: ...`, and exit status 2 (argparse's),
@@ -27,7 +29,7 @@ import tempfile
 import zipfile
 
 # The commands, by their module in this package; `kt-<name>` runs `<module>.main`.
-COMMANDS = ("train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo")
+COMMANDS = ("train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo", "import_marian")
 
 # TensorFlow's C++ log level, read once when TensorFlow is loaded: 3 drops its INFO,
 # WARNING and ERROR lines, among them the CUDA probes a machine without a GPU prints
@@ -177,16 +179,31 @@ def fail(parser, error):
 
 
 # ------------------------------------------------------------------------- decoding
-def add_decoding_arguments(parser, *, batch_size=True):
-    """Adds the search arguments; `batch_size=False` leaves `--batch-size` out (kt-export)."""
+def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
+    """Adds the search arguments.
+
+    `batch_size=False` leaves `--batch-size` out (kt-export). `sampling` (default: as
+    `batch_size`) adds `--sample` and its settings, which a `Translator` takes and an
+    export does not.
+    """
     from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
 
+    if sampling is None:
+        sampling = batch_size
     group = parser.add_argument_group("decoding (Vaswani et al., 2017, section 6.1)")
     search = group.add_mutually_exclusive_group()
     search.add_argument(
         "--beam-size", type=int, default=BEAM_SIZE, help=f"beams per sentence (default {BEAM_SIZE})"
     )
     search.add_argument("--greedy", action="store_true", help="greedy search (the same as --beam-size 1)")
+    if sampling:
+        search.add_argument(
+            "--sample", action="store_true", help="draw each next token at random (see --temperature, --top-k, --top-p, --seed)"
+        )
+        group.add_argument("--temperature", type=float, help="sampling: divide log-probabilities by this (default 1)")
+        group.add_argument("--top-k", type=int, help="sampling: draw among the K most probable tokens (default: all)")
+        group.add_argument("--top-p", type=float, help="sampling: draw from the nucleus of this probability mass (default 1)")
+        group.add_argument("--seed", type=int, help="sampling: the seed, for outputs that repeat (default: random)")
     group.add_argument(
         "--length-penalty",
         type=float,
@@ -211,7 +228,11 @@ def add_decoding_arguments(parser, *, batch_size=True):
 
 
 def decoding_settings(args):
-    """The `Translator` (or, without `--batch-size`, `export_saved_model`) keyword arguments."""
+    """The `Translator` (or, without `--batch-size`, `export_saved_model`) keyword arguments.
+
+    The sampling settings given on the command line are passed as they are, with or
+    without `--sample`: the `Translator` refuses them for a search, naming them.
+    """
     settings = {
         "beam_size": 1 if args.greedy else args.beam_size,
         "length_penalty": args.length_penalty,
@@ -219,6 +240,11 @@ def decoding_settings(args):
     }
     if hasattr(args, "batch_size"):
         settings["batch_size"] = args.batch_size
+    if getattr(args, "sample", False):
+        settings["decoding"] = "sample"
+    for name in ("temperature", "top_k", "top_p", "seed"):
+        if getattr(args, name, None) is not None:
+            settings[name] = getattr(args, name)
     return settings
 
 

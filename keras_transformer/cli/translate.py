@@ -10,9 +10,15 @@ line holds; bytes that are not UTF-8 are read as U+FFFD, with a warning naming t
 lines. The exit status is 0 when every line was translated, 2 for a usage error (a
 missing model or input file), 1 when translating or writing failed.
 
+`--n-best K` writes the K best hypotheses of each sentence instead, best first, one per
+line, in Moses' n-best format: `INDEX ||| TRANSLATION ||| SCORE`, INDEX counting input
+lines from 0 (`n_best_lines`). `--prefix TEXT` (repeated, one per sentence) or
+`--prefixes FILE` (one per input line) start each translation with a given text.
+
 Example:
     kt-translate --model-dir saved_models/demo "on May 29, 2048"
     kt-translate --model-dir saved_models/demo --greedy < sentences.txt > out.txt
+    kt-translate --model-dir saved_models/demo --n-best 4 "on May 29, 2048"
 """
 
 import argparse
@@ -36,7 +42,25 @@ def main(argv=None):
     parser.add_argument("text", nargs="*", help="sentences to translate (default: read --input or stdin)")
     parser.add_argument("--input", help="file of sentences, one per line (default: stdin when no text)")
     parser.add_argument("--output", help="write translations here, one per line (default: stdout)")
-    parser.add_argument("--scores", action="store_true", help="print each score before its translation, tab-separated")
+    output_format = parser.add_mutually_exclusive_group()
+    output_format.add_argument(
+        "--scores", action="store_true", help="print each score before its translation, tab-separated"
+    )
+    output_format.add_argument(
+        "--n-best",
+        type=int,
+        metavar="K",
+        help="print the K best translations of each sentence (K <= --beam-size), one per line: "
+        "INDEX ||| TRANSLATION ||| SCORE, INDEX counting input lines from 0",
+    )
+    prefixes = parser.add_mutually_exclusive_group()
+    prefixes.add_argument(
+        "--prefix",
+        action="append",
+        metavar="TEXT",
+        help="start the translation of the sentence with TEXT (repeat once per sentence, '' for none)",
+    )
+    prefixes.add_argument("--prefixes", metavar="FILE", help="file of target prefixes, one per input line")
     common.add_decoding_arguments(parser)
     args = parser.parse_args(argv)
     if args.text and args.input:
@@ -54,6 +78,13 @@ def main(argv=None):
             _warn_invalid_utf8(args.input or "standard input", invalid)
         progress = True
 
+    target_prefixes = args.prefix
+    if args.prefixes is not None:
+        try:
+            target_prefixes, _ = split_lines(_read_bytes(args.prefixes))
+        except OSError as error:
+            common.fail(parser, error)
+
     from keras_transformer.inference.translator import Translator
 
     try:
@@ -61,13 +92,23 @@ def main(argv=None):
     except common.COMMAND_ERRORS as error:
         common.fail(parser, error)
     try:
-        translations, scores = translator.translate(sentences, return_scores=True, progress=progress)
+        if args.n_best is not None:
+            hypotheses = translator.translate(
+                sentences, n_best=args.n_best, prefixes=target_prefixes, progress=progress
+            )
+        else:
+            translations, scores = translator.translate(
+                sentences, return_scores=True, prefixes=target_prefixes, progress=progress
+            )
     except (TypeError, ValueError) as error:
         common.fail(parser, f"nothing was translated: {error}")
-    lines = [
-        f"{score:.4f}\t{one_line(text)}" if args.scores else one_line(text)
-        for text, score in zip(translations, scores)
-    ]
+    if args.n_best is not None:
+        lines = n_best_lines(hypotheses)
+    else:
+        lines = [
+            f"{score:.4f}\t{one_line(text)}" if args.scores else one_line(text)
+            for text, score in zip(translations, scores)
+        ]
     text = "".join(line + "\n" for line in lines)
     try:
         if args.output:
@@ -115,6 +156,24 @@ def split_lines(data):
             lines.append(piece.decode("utf-8", "replace"))
             invalid.append(number)
     return lines, invalid
+
+
+def n_best_lines(hypotheses):
+    """The lines `--n-best` prints: `INDEX ||| TRANSLATION ||| SCORE`, best first per sentence.
+
+    `hypotheses` is what `Translator.translate(..., n_best=k)` returns; INDEX is the
+    sentence's 0-based position, as in Moses' n-best lists.
+
+    Example:
+    >>> from keras_transformer.inference.translator import Hypothesis
+    >>> n_best_lines([[Hypothesis("am 1. Mai", -0.25), Hypothesis("am 1 Mai", -1.5)], [Hypothesis("", 0.0)]])
+    ['0 ||| am 1. Mai ||| -0.2500', '0 ||| am 1 Mai ||| -1.5000', '1 |||  ||| 0.0000']
+    """
+    return [
+        f"{index} ||| {one_line(text)} ||| {score:.4f}"
+        for index, sentence in enumerate(hypotheses)
+        for text, score in sentence
+    ]
 
 
 def one_line(text):

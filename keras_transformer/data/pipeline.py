@@ -142,7 +142,8 @@ def tokenize_pairs(pairs, tokenizer, vocab_size=None):
     Args:
         pairs: `tf.data.Dataset` of `(source, target)` scalar tf.string pairs.
         tokenizer: a `SubwordTokenizer` (anything whose `tokenize` maps a
-            tf.string [B] tensor to an int32 ragged [B, None] tensor).
+            tf.string [B] tensor to an int32 ragged [B, None] tensor). Where it also
+            has `tokenize_target` (a `MarianTokenizer`), targets are cut with that.
         vocab_size: int or None. When given, every id is checked to lie in
             `[0, vocab_size)` as it is made: iterating raises
             `InvalidArgumentError` (`OUT_OF_VOCABULARY` in its message) at the
@@ -166,8 +167,12 @@ def tokenize_pairs(pairs, tokenizer, vocab_size=None):
             values = tf.identity(values)
         return ids.with_flat_values(values) if ragged else values
 
+    # A tokenizer with two sentencepiece models (a Marian one: source.spm, target.spm)
+    # cuts target text with its target model; a joint vocabulary has one `tokenize`.
+    tokenize_target = getattr(tokenizer, "tokenize_target", tokenizer.tokenize)
+
     def tokenize(source, target):
-        return checked(tokenizer.tokenize(source)), checked(tokenizer.tokenize(target))
+        return checked(tokenizer.tokenize(source)), checked(tokenize_target(target))
 
     return (
         pairs.batch(_TOKENIZE_BATCH_SIZE)

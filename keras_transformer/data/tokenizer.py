@@ -302,11 +302,15 @@ class _SharedModelResource(tf.saved_model.experimental.TrackableResource):
 
 
 class _SharedSentencepieceTokenizer(tensorflow_text.SentencepieceTokenizer):
-    """tf-text's tokenizer on a `_SharedModelResource`: seed resets can't break it."""
+    """tf-text's tokenizer on a `_SharedModelResource`: seed resets can't break it.
 
-    def __init__(self, model_proto):
+    `out_type=tf.string` gives pieces instead of ids (the Marian tokenizer looks them
+    up in its own vocabulary).
+    """
+
+    def __init__(self, model_proto, out_type=tf.int32):
         super().__init__(
-            model=model_proto, out_type=tf.int32, add_bos=False, add_eos=False
+            model=model_proto, out_type=out_type, add_bos=False, add_eos=False
         )
         # tf-text's ops read the model through this attribute (tf-text 2.21).
         self._model_resource = _SharedModelResource(model_proto)

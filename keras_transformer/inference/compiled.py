@@ -15,6 +15,9 @@
 A `CompiledDecoder` traces once per distinct `[B, S]` input shape (plus dtype), so
 batches bucketed to the same shape reuse one compiled program; `trace_count` counts
 the traces (a Python side effect inside the traced function runs only when tracing).
+The inputs that change from call to call are tensor arguments of the program, never
+constants traced into it: the forced prefixes (`prefix_ids [B, P]`, one trace per
+shape too) and, for sampling, the seed (`seed`, int32 `[2]`).
 
 A traced program knows the variables that existed when it was traced: one made before
 `Dense.enable_lora` (`Transformer.enable_lora`) or `model.quantize` would go on running
@@ -30,30 +33,35 @@ import keras
 from keras import ops
 
 from keras_transformer import checks
-from keras_transformer.inference import decoding
+from keras_transformer.inference import decoding, sampling
 
 _METHODS = {
     "beam": decoding.beam_decode,
     "greedy": decoding.greedy_decode,
     "greedy_uncached": decoding.greedy_decode_uncached,
+    "sample": sampling.sample_decode,
 }
 
 
 class CompiledDecoder:
     """Callable `encoder_inputs [B, S] -> (tokens, scores)` compiled for the backend.
 
-    Wraps one of `decoding.beam_decode`, `greedy_decode` or `greedy_decode_uncached`
-    with fixed keyword arguments. Calling it with a new input shape traces (and on
-    TensorFlow / JAX compiles) once; later calls with that shape reuse the program.
-    Inputs are cast to int32 first, so NumPy int64 arrays do not trace separately.
+    Wraps one of `decoding.beam_decode`, `greedy_decode`, `greedy_decode_uncached` or
+    `sampling.sample_decode` with fixed keyword arguments. Calling it with a new input
+    shape traces (and on TensorFlow / JAX compiles) once; later calls with that shape
+    reuse the program. Inputs are cast to int32 first, so NumPy int64 arrays do not
+    trace separately. A call may also pass `prefix_ids` (int `[B, P]`, forced first
+    output tokens, any method) and must pass `seed` (int32 `[2]`) to "sample"; both
+    are inputs of the program, so new values reuse it.
 
     Args:
         model: a `keras_transformer.Transformer`.
-        method: "beam" (default), "greedy" or "greedy_uncached".
+        method: "beam" (default), "greedy", "greedy_uncached" or "sample".
         jit_compile: bool. On TensorFlow, compile with XLA (default True); False runs a
             plain `tf.function` graph. Ignored on the other backends.
         **decode_kwargs: passed to the decoding function (`beam_size`, `alpha`,
-            `max_length`, `max_extra`, `return_all_beams`).
+            `max_length`, `max_extra`, `return_all_beams`; `temperature`, `top_k`,
+            `top_p` for "sample").
 
     Attributes:
         trace_count: int, how many times the function was traced (0 on PyTorch),
@@ -104,45 +112,67 @@ class CompiledDecoder:
                     self._build(variables)
         return self._function
 
-    def _decode(self, encoder_inputs):
-        return _METHODS[self.method](self.model, encoder_inputs, **self.decode_kwargs)
+    def _decode(self, encoder_inputs, inputs):
+        """The decoding function on `encoder_inputs` and the per-call `inputs` (a dict)."""
+        return _METHODS[self.method](self.model, encoder_inputs, **inputs, **self.decode_kwargs)
 
     def _build_tensorflow(self, variables):
         # tf.function captures the variables it reads while tracing, by reference.
         del variables
         import tensorflow as tf
 
-        def traced(encoder_inputs):
+        def traced(encoder_inputs, inputs):
             self.trace_count += 1  # runs only while tracing
-            return self._decode(encoder_inputs)
+            return self._decode(encoder_inputs, inputs)
 
         return tf.function(traced, jit_compile=self.jit_compile, reduce_retracing=True)
 
     def _build_jax(self, variables):
         import jax
 
-        def pure(values, encoder_inputs):
+        def pure(values, encoder_inputs, inputs):
             self.trace_count += 1  # runs only while tracing
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                return self._decode(encoder_inputs)
+                return self._decode(encoder_inputs, inputs)
 
         jitted = jax.jit(pure)
-        return lambda encoder_inputs: jitted([v.value for v in variables], encoder_inputs)
+        return lambda encoder_inputs, inputs: jitted([v.value for v in variables], encoder_inputs, inputs)
 
     def _build_torch(self, variables):
         # Eager: every call reads the variables as they are.
         del variables
         import torch
 
-        def run(encoder_inputs):
+        def run(encoder_inputs, inputs):
             with torch.no_grad():
-                return self._decode(encoder_inputs)
+                return self._decode(encoder_inputs, inputs)
 
         return run
 
-    def __call__(self, encoder_inputs):
+    def __call__(self, encoder_inputs, *, prefix_ids=None, seed=None):
+        """Decodes `encoder_inputs [B, S]`: `(tokens, scores)` as the decoding function returns.
+
+        Args:
+            encoder_inputs: int `[B, S]` source ids, padded with 0.
+            prefix_ids: optional int `[B, P]`, forced first output tokens (0-padded).
+            seed: int32 `[2]` (or an int), required by "sample" and refused otherwise.
+        """
+        if (seed is None) != (self.method != "sample"):
+            raise ValueError(
+                f"`seed` is required by the \"sample\" method and taken by no other. "
+                f"Received: method={self.method!r}, seed={seed!r}"
+            )
+        inputs = {}
+        if prefix_ids is not None:
+            inputs["prefix_ids"] = _int32(prefix_ids)
+        if seed is not None:
+            inputs["seed"] = sampling.seed_tensor(seed)
         function = self._current_function()
-        return function(ops.cast(ops.convert_to_tensor(encoder_inputs), "int32"))
+        return function(_int32(encoder_inputs), inputs)
+
+
+def _int32(x):
+    return ops.cast(ops.convert_to_tensor(x), "int32")
 
 
 def _same_objects(first, second):

@@ -4,10 +4,14 @@ Two layers of API:
 
 - `greedy_search` / `beam_search` drive any `step_fn(token_ids [B', 1], index, state)
   -> (logits [B', V], new_state)`, so tests can hand them a model whose next-token
-  probabilities they choose.
+  probabilities they choose. `token_search` is greedy search with the choice of each
+  next token left to a function (`inference.sampling` draws it).
 - `greedy_decode` / `beam_decode` run a `Transformer` through them: the encoder once,
   then the decoder one token at a time through its key/value cache (`model.encode`,
   `model.initial_cache`, `model.decode_step`: the layer objects that training built).
+  `token_search_decode` does the same for `token_search`.
+- Every search and decode takes optional `prefix_ids [B, P]`: forced first output
+  tokens, from which the search continues (`inference.prefixes`).
 
 Conventions shared by every function here:
 
@@ -42,6 +46,7 @@ from keras import ops
 from keras import tree
 
 from keras_transformer import checks
+from keras_transformer.inference.prefixes import check_prefix_ids, check_prefixes_fit, forced_tokens
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 # The paper's decoding settings (Vaswani et al., 2017, 6.1), defined once here.
@@ -75,18 +80,28 @@ def length_penalty(length, alpha):
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
 
 
-def _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id):
+def _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id, forced_ids=None):
     """float32 `[B', V]` log-probabilities with PAD/BOS removed and EOS forced where asked.
 
     `forced_eos` is boolean `[B', 1]`: those rows keep only EOS (with its own
-    log-probability, so scores stay the model's).
+    log-probability, so scores stay the model's). `forced_ids` (int32 `[B', 1]`, PAD
+    where nothing is forced) keeps only a prefix's token in its rows; EOS at the length
+    limit wins over it, so every sentence still ends there.
     """
     log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
     ids = ops.arange(ops.shape(log_probs)[-1], dtype="int32")[None, :]
     never = ops.logical_or(ops.equal(ids, pad_id), ops.equal(ids, bos_id))
     not_eos = ops.not_equal(ids, eos_id)
     banned = ops.logical_or(never, ops.logical_and(forced_eos, not_eos))
+    if forced_ids is not None:
+        forcing = ops.logical_and(ops.not_equal(forced_ids, pad_id), ops.logical_not(forced_eos))
+        banned = ops.logical_or(banned, ops.logical_and(forcing, ops.not_equal(ids, forced_ids)))
     return ops.where(banned, _NEG_INF, log_probs)
+
+
+def _forced_at(prefix_ids, index, pad_id):
+    """The prefix tokens forced at `index` (`[B', 1]`), or None without prefixes."""
+    return None if prefix_ids is None else forced_tokens(prefix_ids, index, pad_id)
 
 
 def _sentence_limits(sentence_max_lengths, batch_size, max_length):
@@ -104,7 +119,7 @@ def _write_column(sequences, index, values, positions):
 
 # ---------------------------------------------------------------------- greedy
 class GreedyState(typing.NamedTuple):
-    """The loop state of `greedy_search`."""
+    """The loop state of `greedy_search` and `token_search`."""
 
     index: Tensor  # () int32: position of the tokens fed next (BOS is position 0)
     last_tokens: Tensor  # [B, 1] int32: the tokens fed next
@@ -121,6 +136,7 @@ def greedy_search(
     max_length,
     *,
     sentence_max_lengths=None,
+    prefix_ids=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
     pad_id=PAD_ID,
@@ -140,6 +156,8 @@ def greedy_search(
         max_length: int (or int scalar tensor in a TF graph), L: width of the output and
             the most steps taken.
         sentence_max_lengths: optional int `[B]`, each sentence's limit (capped at L).
+        prefix_ids: optional int `[B, P]`, forced first tokens of each output, padded
+            with 0 (`inference.prefixes`); the output starts with them.
         bos_id, eos_id, pad_id: special ids; default to `special_tokens`.
 
     Returns:
@@ -153,6 +171,51 @@ def greedy_search(
     [[3, 0, 0]]
     >>> round(float(scores[0]), 4)  # log(0.5)
     -0.6931
+    >>> tokens, _ = greedy_search(step_fn, (), 1, 3, prefix_ids=keras.ops.array([[4]]))
+    >>> keras.ops.convert_to_numpy(tokens).tolist()  # 4 forced, then EOS
+    [[4, 3, 0]]
+    """
+    return token_search(
+        step_fn,
+        state,
+        batch_size,
+        max_length,
+        _most_probable,
+        sentence_max_lengths=sentence_max_lengths,
+        prefix_ids=prefix_ids,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+
+
+def _most_probable(log_probs, index):
+    del index
+    return ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+
+
+def token_search(
+    step_fn,
+    state,
+    batch_size,
+    max_length,
+    pick_tokens,
+    *,
+    sentence_max_lengths=None,
+    prefix_ids=None,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    pad_id=PAD_ID,
+):
+    """One hypothesis per sentence, extended by `pick_tokens` at every step, until EOS.
+
+    `greedy_search` is this with the most probable token; sampling
+    (`inference.sampling.sample_search`) draws it. `pick_tokens(log_probs float32
+    [B, V], index) -> int32 [B]` sees the model's log-probabilities with PAD and BOS
+    removed, and only EOS left in rows at their length limit (and only the prefix's
+    token in rows a prefix forces): it must pick a token of finite log-probability.
+    Scores sum the model's log-probabilities of the picked tokens, whatever the picker
+    did with them. Arguments and results as for `greedy_search`.
     """
     positions = ops.arange(max_length, dtype="int32")[None, :]
     limits = _sentence_limits(sentence_max_lengths, batch_size, max_length)
@@ -169,19 +232,20 @@ def greedy_search(
         return ops.logical_and(ops.less(s.index, max_length), ops.logical_not(ops.all(s.finished)))
 
     def body(s):
-        return (_greedy_step(step_fn, s, limits, positions, eos_id, pad_id, bos_id),)
+        forced_ids = _forced_at(prefix_ids, s.index, pad_id)
+        return (_greedy_step(step_fn, pick_tokens, s, limits, positions, forced_ids, eos_id, pad_id, bos_id),)
 
     # The state travels as a 1-tuple: `while_loop` unpacks a tuple into arguments.
     (final,) = ops.while_loop(cond, body, (initial,))
     return final.tokens, final.scores
 
 
-def _greedy_step(step_fn, state, limits, positions, eos_id, pad_id, bos_id):
-    """One step of greedy search: feed the last tokens, append the most probable next ones."""
+def _greedy_step(step_fn, pick_tokens, state, limits, positions, forced_ids, eos_id, pad_id, bos_id):
+    """One step of `token_search`: feed the last tokens, append the picked next ones."""
     logits, cache = step_fn(state.last_tokens, state.index, state.cache)
     forced_eos = ops.greater_equal(state.index, limits - 1)[:, None]  # [B, 1]
-    log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id)
-    next_ids = ops.cast(ops.argmax(log_probs, axis=-1), "int32")  # [B]
+    log_probs = _next_token_log_probs(logits, forced_eos, eos_id, pad_id, bos_id, forced_ids)
+    next_ids = ops.cast(pick_tokens(log_probs, state.index), "int32")  # [B]
     next_log_probs = ops.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
     next_ids = ops.where(state.finished, ops.cast(pad_id, "int32"), next_ids)
     return GreedyState(
@@ -229,6 +293,7 @@ class _BeamSettings(typing.NamedTuple):
     alpha: float  # length penalty exponent
     limits: Tensor  # [B] int32: each sentence's length limit
     limits_per_beam: Tensor  # [B*K, 1] int32: the same, for each beam's row
+    prefix_ids: typing.Optional[Tensor]  # [B*K, P] int32: each beam's forced prefix, or None
     positions: Tensor  # [1, 1, L] int32: arange(L), to write a column
     eos_id: int
     pad_id: int
@@ -361,8 +426,9 @@ def _beam_step(step_fn, state, settings):
     """One step of beam search: feed the alive beams' tokens, extend, select."""
     logits, cache = step_fn(state.last_tokens, state.index, state.cache)
     forced_eos = ops.greater_equal(state.index, settings.limits_per_beam - 1)  # [B*K, 1]
+    forced_ids = _forced_at(settings.prefix_ids, state.index, settings.pad_id)
     log_probs = _next_token_log_probs(
-        logits, forced_eos, settings.eos_id, settings.pad_id, settings.bos_id
+        logits, forced_eos, settings.eos_id, settings.pad_id, settings.bos_id, forced_ids
     )
     candidates = _extend_beams(state, log_probs, settings)
     alive_seq, alive_log_probs, alive_tokens, cache = _pick_alive(
@@ -390,6 +456,7 @@ def beam_search(
     beam_size=BEAM_SIZE,
     alpha=LENGTH_PENALTY,
     sentence_max_lengths=None,
+    prefix_ids=None,
     bos_id=BOS_ID,
     eos_id=EOS_ID,
     pad_id=PAD_ID,
@@ -408,7 +475,9 @@ def beam_search(
     sentence's results unchanged, so a sentence decodes in a batch exactly as alone.
     With `alpha = 0` and `beam_size = 1` this is greedy search; with `alpha > 0` a beam
     of 1 keeps going past the EOS greedy takes while a longer hypothesis could still
-    score better, and returns the best scoring one.
+    score better, and returns the best scoring one. With `prefix_ids`, every beam of a
+    sentence follows its prefix (one alive beam until the prefix ends), then the search
+    branches as it does after BOS.
 
     `state` is tiled to `[B * beam_size, ...]` (`tile_beams`) and re-gathered by each
     surviving beam's origin after every step (`BeamState.cache`).
@@ -422,6 +491,7 @@ def beam_search(
         beam_size: int, K. Defaults to `BEAM_SIZE` (4, section 6.1).
         alpha: float >= 0, length penalty exponent. Defaults to `LENGTH_PENALTY` (0.6).
         sentence_max_lengths: optional int `[B]`, each sentence's limit (capped at L).
+        prefix_ids: optional int `[B, P]`, forced first tokens, as for `greedy_search`.
         bos_id, eos_id, pad_id: special ids; default to `special_tokens`.
         return_all_beams: bool. Return all K finished hypotheses, best first, instead of
             the best one. Slots no hypothesis reached have score -inf and tokens 0.
@@ -444,6 +514,7 @@ def beam_search(
         alpha=alpha,
         limits=limits,
         limits_per_beam=ops.repeat(limits, beam_size, axis=0)[:, None],
+        prefix_ids=None if prefix_ids is None else tile_beams(ops.cast(prefix_ids, "int32"), beam_size),
         positions=ops.arange(max_length, dtype="int32")[None, None, :],
         eos_id=eos_id,
         pad_id=pad_id,
@@ -520,7 +591,43 @@ def _cached_step_fn(model, cross_caches, encoder_padding_mask):
     return step_fn
 
 
-def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECODE_EXTRA):
+def _prepared_prefix_ids(model, prefix_ids, encoder_inputs, limits):
+    """`prefix_ids` checked against the batch, the vocabulary and the limits; None stays None."""
+    if prefix_ids is None:
+        return None
+    prefix_ids = check_prefix_ids(prefix_ids, ops.shape(encoder_inputs)[0], model.config.vocab_size)
+    check_prefixes_fit(prefix_ids, limits)
+    return prefix_ids
+
+
+def token_search_decode(
+    model, encoder_inputs, pick_tokens, max_length=None, *, max_extra=MAX_DECODE_EXTRA, prefix_ids=None
+):
+    """`token_search` over a `Transformer` through its key/value cache.
+
+    Runs the encoder once, then `model.decode_step` one token at a time, each next
+    token chosen by `pick_tokens(log_probs [B, V], index) -> int32 [B]` (see
+    `token_search`). `greedy_decode` is this with the most probable token,
+    `inference.sampling.sample_decode` with a random one. Arguments and results as for
+    `greedy_decode`.
+    """
+    encoder_inputs = _check_encoder_inputs(encoder_inputs)
+    width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
+    prefix_ids = _prepared_prefix_ids(model, prefix_ids, encoder_inputs, limits)
+    encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
+    self_caches, cross_caches = model.initial_cache(encoder_outputs, width)
+    return token_search(
+        _cached_step_fn(model, cross_caches, encoder_padding_mask),
+        self_caches,
+        ops.shape(encoder_inputs)[0],
+        width,
+        pick_tokens,
+        sentence_max_lengths=limits,
+        prefix_ids=prefix_ids,
+    )
+
+
+def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECODE_EXTRA, prefix_ids=None):
     """Greedy decoding of a `Transformer` through its key/value cache.
 
     Runs the encoder once, then `model.decode_step` one token at a time
@@ -532,6 +639,10 @@ def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECOD
         max_length: optional int, a fixed limit for every sentence instead of the
             paper's source length + `max_extra`.
         max_extra: int >= 0. Defaults to `MAX_DECODE_EXTRA` (50, section 6.1).
+        prefix_ids: optional int `[B, P]`, forced first output tokens padded with 0
+            (`inference.prefixes`). Checked when eager: ids in the vocabulary, no BOS,
+            and each prefix shorter than its sentence's limit (`ValueError` naming both
+            lengths otherwise).
 
     Returns:
         `(tokens int32 [B, L], scores float32 [B])`: tokens end with EOS, then 0;
@@ -543,21 +654,15 @@ def greedy_decode(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECOD
     tokens, scores = greedy_decode(model, keras.ops.array([[5, 6, 7, 0]]))
     ```
     """
-    encoder_inputs = _check_encoder_inputs(encoder_inputs)
-    width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
-    encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
-    self_caches, cross_caches = model.initial_cache(encoder_outputs, width)
-    return greedy_search(
-        _cached_step_fn(model, cross_caches, encoder_padding_mask),
-        self_caches,
-        ops.shape(encoder_inputs)[0],
-        width,
-        sentence_max_lengths=limits,
+    return token_search_decode(
+        model, encoder_inputs, _most_probable, max_length, max_extra=max_extra, prefix_ids=prefix_ids
     )
 
 
-def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=MAX_DECODE_EXTRA):
-    """Greedy decoding that reruns the whole decoder over the prefix at every step.
+def greedy_decode_uncached(
+    model, encoder_inputs, max_length=None, *, max_extra=MAX_DECODE_EXTRA, prefix_ids=None
+):
+    """Greedy decoding that reruns the whole decoder over the output so far at every step.
 
     The reference for `greedy_decode` (same arguments and results) and the no-cache
     baseline of the benchmarks: the encoder runs once, but each step decodes the full
@@ -566,14 +671,15 @@ def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=
     """
     encoder_inputs = _check_encoder_inputs(encoder_inputs)
     width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
+    prefix_ids = _prepared_prefix_ids(model, prefix_ids, encoder_inputs, limits)
     encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
     batch = ops.shape(encoder_inputs)[0]
     positions = ops.arange(width, dtype="int32")[None, :]
 
-    def step_fn(token_ids, index, prefix):
-        prefix = _write_column(prefix, index, token_ids, positions)
-        logits = model.decode(prefix, encoder_outputs, encoder_padding_mask)
-        return ops.take(logits, index, axis=1), prefix
+    def step_fn(token_ids, index, buffer):
+        buffer = _write_column(buffer, index, token_ids, positions)
+        logits = model.decode(buffer, encoder_outputs, encoder_padding_mask)
+        return ops.take(logits, index, axis=1), buffer
 
     return greedy_search(
         step_fn,
@@ -581,6 +687,7 @@ def greedy_decode_uncached(model, encoder_inputs, max_length=None, *, max_extra=
         batch,
         width,
         sentence_max_lengths=limits,
+        prefix_ids=prefix_ids,
     )
 
 
@@ -593,6 +700,7 @@ def beam_decode(
     *,
     max_extra=MAX_DECODE_EXTRA,
     return_all_beams=False,
+    prefix_ids=None,
 ):
     """Beam search decoding of a `Transformer` through its key/value cache (6.1).
 
@@ -608,7 +716,10 @@ def beam_decode(
         alpha: float >= 0. Defaults to `LENGTH_PENALTY` (0.6, section 6.1).
         max_length: optional int, a fixed limit for every sentence.
         max_extra: int >= 0. Defaults to `MAX_DECODE_EXTRA` (50, section 6.1).
-        return_all_beams: bool, return all `beam_size` hypotheses, best first.
+        return_all_beams: bool, return all `beam_size` hypotheses, best first (the
+            n-best list).
+        prefix_ids: optional int `[B, P]`, forced first output tokens, as for
+            `greedy_decode`.
 
     Returns:
         `(tokens int32 [B, L], scores float32 [B])` (or `[B, K, L]`, `[B, K]`); scores
@@ -623,6 +734,7 @@ def beam_decode(
     _check_beam_arguments(beam_size, alpha)
     encoder_inputs = _check_encoder_inputs(encoder_inputs)
     width, limits = decode_lengths(model, encoder_inputs, max_length, max_extra)
+    prefix_ids = _prepared_prefix_ids(model, prefix_ids, encoder_inputs, limits)
     encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
     self_caches, cross_caches = model.initial_cache(encoder_outputs, width)
     step_fn = _cached_step_fn(
@@ -636,6 +748,7 @@ def beam_decode(
         beam_size=beam_size,
         alpha=alpha,
         sentence_max_lengths=limits,
+        prefix_ids=prefix_ids,
         return_all_beams=return_all_beams,
     )
 
@@ -649,9 +762,11 @@ __all__ = [
     "BeamState",
     "length_penalty",
     "greedy_search",
+    "token_search",
     "beam_search",
     "tile_beams",
     "decode_lengths",
+    "token_search_decode",
     "greedy_decode",
     "greedy_decode_uncached",
     "beam_decode",

@@ -11,6 +11,15 @@ that runs on every backend; no Python function is left in it. Signatures:
 - `translate_ids`: `encoder_inputs` int32 `[B, S]` (source ids ending with EOS,
   padded with 0) -> `output_ids` int32 `[B, L]` (ending with EOS, then 0),
   `score` float32 `[B]`: for clients that tokenize themselves.
+- `translate_n_best`: `text` tf.string `[B]` -> `translations` tf.string `[B, k]` and
+  `scores` float32 `[B, k]`: each sentence's k best hypotheses, best first, scored as
+  `serving_default` scores (its first column is `serving_default`'s output). k is fixed
+  at export time (`n_best`, by default the beam size). A slot no hypothesis reached
+  (the search finished fewer than k, e.g. with a one-token limit) holds "" and -inf;
+  an empty input holds "" everywhere, with score 0 first and -inf after.
+- `translate_ids_n_best`: `encoder_inputs` as `translate_ids` -> `output_ids` int32
+  `[B, k, L]` and `scores` float32 `[B, k]`, the same lists as token ids (0 in
+  unreached slots).
 
 A server passes tensors to a signature as they come, whatever shape the signature
 declares, so the inputs are declared with any shape and checked in the graph, each
@@ -22,7 +31,8 @@ The dtype (string, int32) is enforced by TensorFlow at the signature.
 
 A SavedModel that holds tokenizer ops cannot be loaded by a server that lacks them,
 whatever signature is called, so `ids_only=True` exports a graph with no
-tensorflow-text op at all, whose `serving_default` is `translate_ids`.
+tensorflow-text op at all, whose `serving_default` is `translate_ids` (and which has
+`translate_ids_n_best` but not `translate_n_best`).
 
 Tracing the model into a TF graph needs the TensorFlow backend. A model trained
 under JAX or PyTorch is exported by loading its `.keras` file (or its
@@ -47,6 +57,8 @@ DEFAULT_BASE_DIR = "saved_models"
 DEFAULT_NAME = "transformer"
 SERVING_SIGNATURE = "serving_default"
 IDS_SIGNATURE = "translate_ids"
+N_BEST_SIGNATURE = "translate_n_best"
+IDS_N_BEST_SIGNATURE = "translate_ids_n_best"
 
 # Ops that call back into Python: a SavedModel holding one cannot be served.
 PYTHON_FUNCTION_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -102,7 +114,7 @@ def _checked_text(text):
         return _as_rank(text, 1)
 
 
-def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
+def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, n_best):
     """A `tf.Module` with the model's variables, the tokenizer and the decode functions."""
     import tensorflow as tf  # Only on the TF backend, checked by the caller.
 
@@ -110,42 +122,73 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra):
     max_source_tokens = max_length - 1  # room for EOS
     vocab_size = model.config.vocab_size
 
-    def decode(encoder_inputs):
-        if beam_size == 1:
-            return decoding.greedy_decode(model, encoder_inputs, max_extra=max_extra)
-        return decoding.beam_decode(
-            model, encoder_inputs, beam_size, length_penalty, max_extra=max_extra
+    # One search, traced once: every signature calls this one tf.function (the best
+    # hypothesis is the first of the n-best list), so the SavedModel holds one decoding
+    # loop instead of one per signature, and exporting traces it once.
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def decode_n_best(encoder_inputs):
+        """`[B, n_best, L]` tokens and `[B, n_best]` scores, best first."""
+        if beam_size == 1:  # greedy search: its one hypothesis
+            tokens, scores = decoding.greedy_decode(model, encoder_inputs, max_extra=max_extra)
+            return tokens[:, None], scores[:, None]
+        tokens, scores = decoding.beam_decode(
+            model, encoder_inputs, beam_size, length_penalty, max_extra=max_extra, return_all_beams=True
         )
+        return tokens[:, :n_best], scores[:, :n_best]
+
+    def decode(encoder_inputs):
+        tokens, scores = decode_n_best(encoder_inputs)
+        return tokens[:, 0], scores[:, 0]
+
+    def source_ids(text):
+        # Same rules as `Translator`: cut to fit EOS in; `empty` marks no text.
+        ids = tokenizer.tokenize(text)[:, :max_source_tokens]
+        eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
+        ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
+        return ids.to_tensor(default_value=PAD_ID), tf.equal(ids.row_lengths(), 1)
 
     def translate_ids(encoder_inputs):
         tokens, scores = decode(_checked_ids(encoder_inputs, max_length, vocab_size))
         return {"output_ids": tokens, "score": scores}
 
+    def translate_ids_n_best(encoder_inputs):
+        tokens, scores = decode_n_best(_checked_ids(encoder_inputs, max_length, vocab_size))
+        return {"output_ids": tokens, "scores": scores}
+
     def translate_text(text):
-        # Same rules as `Translator`: cut to fit EOS in, and no text -> "" (score 0).
-        text = _checked_text(text)
-        ids = tokenizer.tokenize(text)[:, :max_source_tokens]
-        eos = tf.fill([tf.shape(text)[0], 1], tf.constant(EOS_ID, tf.int32))
-        ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
-        tokens, scores = decode(ids.to_tensor(default_value=PAD_ID))
-        empty = tf.equal(ids.row_lengths(), 1)
+        # No text -> "" (score 0), as `Translator` does.
+        ids, empty = source_ids(_checked_text(text))
+        tokens, scores = decode(ids)
         translation = tf.where(empty, "", tokenizer.detokenize(tokens))
         return {"translation": translation, "score": tf.where(empty, 0.0, scores)}
+
+    def translate_text_n_best(text):
+        ids, empty = source_ids(_checked_text(text))
+        tokens, scores = decode_n_best(ids)  # [B, k, L], [B, k]
+        shape = tf.shape(tokens)
+        texts = tokenizer.detokenize(tf.reshape(tokens, [-1, shape[2]]))
+        texts = tf.reshape(texts, shape[:2])
+        reached = tf.math.is_finite(scores)
+        translations = tf.where(tf.logical_and(reached, ~empty[:, None]), texts, "")
+        # An empty input: one hypothesis "" of score 0, as `Translator` gives.
+        first = tf.equal(tf.range(shape[1]), 0)[None, :]
+        empty_scores = tf.where(first, 0.0, float("-inf"))
+        scores = tf.where(empty[:, None], empty_scores, scores)
+        return {"translations": translations, "scores": scores}
 
     module = tf.Module(name="translation")
     # Tracked, so that the variables and the tokenizer resource the functions capture
     # are saved. The Keras model itself is only closed over: it holds nothing more.
     module.model_variables = list(model.variables)
     # Any shape (None): the rank is checked in the graph, with a message (module docstring).
-    module.translate_ids = tf.function(
-        translate_ids,
-        input_signature=[tf.TensorSpec(None, tf.int32, name="encoder_inputs")],
-    )
+    ids_spec = [tf.TensorSpec(None, tf.int32, name="encoder_inputs")]
+    text_spec = [tf.TensorSpec(None, tf.string, name="text")]
+    module.translate_ids = tf.function(translate_ids, input_signature=ids_spec)
+    module.translate_ids_n_best = tf.function(translate_ids_n_best, input_signature=ids_spec)
     if tokenizer is not None:
         module.tokenizer = tokenizer
-        module.translate_text = tf.function(
-            translate_text, input_signature=[tf.TensorSpec(None, tf.string, name="text")]
-        )
+        module.translate_text = tf.function(translate_text, input_signature=text_spec)
+        module.translate_text_n_best = tf.function(translate_text_n_best, input_signature=text_spec)
     return module
 
 
@@ -179,6 +222,7 @@ def export_saved_model(
     length_penalty=LENGTH_PENALTY,
     max_extra=MAX_DECODE_EXTRA,
     ids_only=False,
+    n_best=None,
 ):
     """Writes a TF Serving SavedModel to `base_dir/name/version/`; returns that path.
 
@@ -201,6 +245,8 @@ def export_saved_model(
         max_extra: int, extra output tokens over the source length. Default 50 (6.1).
         ids_only: bool, leave the tokenizer out: only token-id signatures, loadable
             where tensorflow-text ops are not.
+        n_best: int, 1 <= n_best <= beam_size, the hypotheses per sentence of the
+            n-best signatures. Defaults to `beam_size` (every beam).
 
     Returns:
         str, the version directory.
@@ -208,7 +254,8 @@ def export_saved_model(
     Raises:
         RuntimeError: the Keras backend is not TensorFlow (the message says what to do).
         FileExistsError: the version directory exists and `overwrite` is False.
-        ValueError: bad `name`, `version` or decoding arguments.
+        ValueError: bad `name`, `version` or decoding arguments; `n_best` above the
+            beam size.
 
     Example:
 
@@ -225,6 +272,7 @@ def export_saved_model(
     checks.check_positive_int("beam_size", beam_size)
     checks.check_non_negative_number("length_penalty", length_penalty)
     checks.check_non_negative_int("max_extra", max_extra)
+    n_best = _checked_n_best(n_best, beam_size)
     model_base = os.path.join(os.fspath(base_dir), name)
     if version is None:
         version = next_version(model_base)
@@ -237,14 +285,18 @@ def export_saved_model(
         )
 
     module = _translation_module(
-        model, None if ids_only else tokenizer, beam_size, length_penalty, max_extra
+        model, None if ids_only else tokenizer, beam_size, length_penalty, max_extra, n_best
     )
     ids_function = module.translate_ids.get_concrete_function()
-    signatures = {IDS_SIGNATURE: ids_function}
+    signatures = {
+        IDS_SIGNATURE: ids_function,
+        IDS_N_BEST_SIGNATURE: module.translate_ids_n_best.get_concrete_function(),
+    }
     if ids_only:
         signatures[SERVING_SIGNATURE] = ids_function
     else:
         signatures[SERVING_SIGNATURE] = module.translate_text.get_concrete_function()
+        signatures[N_BEST_SIGNATURE] = module.translate_text_n_best.get_concrete_function()
 
     def write(directory):
         tf.saved_model.save(module, directory, signatures=signatures)
@@ -296,6 +348,19 @@ def saved_model_op_types(export_dir):
     return op_types
 
 
+def _checked_n_best(n_best, beam_size):
+    """`n_best`, or `beam_size` when None; ValueError naming both when above it."""
+    if n_best is None:
+        return beam_size
+    checks.check_positive_int("n_best", n_best)
+    if n_best > beam_size:
+        raise ValueError(
+            "`n_best` must be at most the beam size: a search returns no more hypotheses "
+            f"than it keeps. Received: n_best={n_best}, beam_size={beam_size}"
+        )
+    return n_best
+
+
 def translate_with_saved_model(export_dir, sentences):
     """Translations and scores of `sentences` through an exported SavedModel.
 
@@ -327,6 +392,8 @@ __all__ = [
     "DEFAULT_NAME",
     "SERVING_SIGNATURE",
     "IDS_SIGNATURE",
+    "N_BEST_SIGNATURE",
+    "IDS_N_BEST_SIGNATURE",
     "PYTHON_FUNCTION_OPS",
     "check_tensorflow_backend",
     "export_saved_model",

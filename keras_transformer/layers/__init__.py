@@ -4,6 +4,7 @@ from keras_transformer.layers import masks
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.decoder import DecoderBlock
 from keras_transformer.layers.embedding import (
+    FixedPositionEmbedding,
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
     TokenEmbedding,
@@ -20,6 +21,7 @@ __all__ = [
     "TokenEmbedding",
     "SinusoidalPositionEncoding",
     "LearnedPositionEmbedding",
+    "FixedPositionEmbedding",
     "sinusoidal_table",
     "ResidualBlock",
     "EncoderBlock",

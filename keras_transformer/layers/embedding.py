@@ -31,12 +31,18 @@ class TokenEmbedding(keras.layers.Layer):
     id must be loud, never another token's embedding. Eager calls of the model refuse
     such ids before they get here.
 
+    With `output_bias=True` the reverse projection adds a learned bias, `x E^T + b`
+    (`b` of shape `[vocab_size]`, zeros at first): not in the paper, but pretrained
+    models such as Marian / OPUS-MT have one ("final_logits_bias").
+
     Args:
         vocab_size: int. Number of tokens.
         d_model: int. Embedding width.
         embeddings_initializer: initializer of the matrix. Defaults to
             `RandomNormal(stddev=d_model**-0.5)`.
         scale: bool. Multiply by `sqrt(d_model)`. Defaults to True (the paper).
+        output_bias: bool. Add a bias to the logits of `reverse=True`. Defaults to
+            False (the paper).
 
     Call arguments:
         inputs: int ids `[B, T]`, or hidden states `[B, T, d_model]` with `reverse=True`.
@@ -49,17 +55,21 @@ class TokenEmbedding(keras.layers.Layer):
     (1, 3, 32)
     """
 
-    def __init__(self, vocab_size, d_model, embeddings_initializer=None, scale=True, **kwargs):
+    def __init__(
+        self, vocab_size, d_model, embeddings_initializer=None, scale=True, output_bias=False, **kwargs
+    ):
         super().__init__(**kwargs)
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("d_model", d_model)
         check_bool("scale", scale)
+        check_bool("output_bias", output_bias)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.scale = scale
+        self.output_bias = output_bias
 
     def build(self, inputs_shape=None):
         self.embeddings = self.add_weight(
@@ -67,13 +77,19 @@ class TokenEmbedding(keras.layers.Layer):
             shape=(self.vocab_size, self.d_model),
             initializer=clone_initializer(self.embeddings_initializer),
         )
+        # Made after the matrix, and only when asked: models without it keep their weights.
+        self.logits_bias = None
+        if self.output_bias:
+            self.logits_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,), initializer="zeros")
         self.built = True
 
     def call(self, inputs, reverse=False):
         if reverse:
             kernel = ops.cast(self.embeddings, inputs.dtype)
-            logits = ops.matmul(inputs, ops.transpose(kernel))
-            return ops.cast(logits, "float32")
+            logits = ops.cast(ops.matmul(inputs, ops.transpose(kernel)), "float32")
+            if self.logits_bias is not None:
+                logits = logits + ops.cast(self.logits_bias, "float32")  # added in float32, as the loss reads it
+            return logits
         ids = ops.cast(inputs, "int32")
         in_range = ops.logical_and(ops.greater_equal(ids, 0), ops.less(ids, self.vocab_size))
         outputs = ops.take(self.embeddings, ops.where(in_range, ids, 0), axis=0)
@@ -101,6 +117,7 @@ class TokenEmbedding(keras.layers.Layer):
                 "d_model": self.d_model,
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
                 "scale": self.scale,
+                "output_bias": self.output_bias,
             }
         )
         return config
@@ -214,6 +231,65 @@ class LearnedPositionEmbedding(keras.layers.Layer):
                 "initializer": keras.initializers.serialize(self.initializer),
             }
         )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class FixedPositionEmbedding(keras.layers.Layer):
+    """A position table held as non-trainable weights: encodings loaded from a checkpoint.
+
+    For pretrained models whose fixed encodings are laid out otherwise than the paper's
+    (Hugging Face's Marian puts every sine in the first half of the channels and every
+    cosine in the second, where the paper interleaves them, 3.5). The table is whatever
+    was loaded into it; a new layer holds the paper's interleaved sinusoids, so it
+    computes what `SinusoidalPositionEncoding` does until a checkpoint is loaded. The
+    weight is made non-trainable, so `fit` never changes it, whatever
+    `layer.trainable` says. Like learned embeddings it cannot go beyond `max_length`.
+
+    Args:
+        max_length: int. Number of positions in the table.
+
+    Call arguments:
+        inputs: `[B, T, D]` embeddings.
+        start_index: int scalar, the position of the first token. Defaults to 0.
+
+    Example:
+    >>> pos = FixedPositionEmbedding(max_length=16)
+    >>> round(float(pos(keras.ops.zeros((1, 3, 4)))[0, 1, 0]), 4)  # sin(1) until loaded
+    0.8415
+    """
+
+    def __init__(self, max_length, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("max_length", max_length)
+        self.max_length = max_length
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+
+        def paper_sinusoids(shape, dtype=None):
+            return sinusoidal_table(ops.arange(shape[0]), shape[1], dtype=dtype or "float32")
+
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings",
+            shape=(self.max_length, width),
+            initializer=paper_sinusoids,
+            trainable=False,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        _check_length(inputs, self.max_length)
+        positions = ops.arange(ops.shape(inputs)[-2], dtype="int32") + ops.cast(start_index, "int32")
+        table = ops.take(self.position_embeddings, positions, axis=0)
+        return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"max_length": self.max_length})
         return config
 
 

@@ -10,7 +10,8 @@ from keras_transformer.layers.initializers import clone_initializer
 class PositionwiseFeedForward(keras.layers.Layer):
     """`FFN(x) = max(0, x W1 + b1) W2 + b2` (Vaswani et al., 2017, 3.3).
 
-    Applied to every position separately and identically. `dropout` acts on the inner
+    `activation` replaces the paper's `max(0, .)` for models trained with another
+    (GELU; swish, `x * sigmoid(x)`, in Marian / OPUS-MT). Applied to every position separately and identically. `dropout` acts on the inner
     activations (tensor2tensor's "relu dropout"); the paper's residual dropout on the
     output is applied by the block that owns the residual connection, not here.
 

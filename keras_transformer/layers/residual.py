@@ -31,7 +31,8 @@ class ResidualBlock(keras.layers.Layer):
         dropout: float. Residual dropout, P_drop = 0.1 in the paper.
         attention_dropout: float. Dropout on attention probabilities. Defaults to 0.0.
         activation_dropout: float. Dropout inside the FFN. Defaults to 0.0.
-        activation: FFN activation. Defaults to "relu".
+        activation: FFN activation. Defaults to "relu" (the paper); "gelu" and
+            "swish" serve pretrained models (see `PositionwiseFeedForward`).
         norm_first: bool. Pre-norm instead of the paper's post-norm. Defaults to False.
         layer_norm_epsilon: float. Defaults to 1e-6 (tensor2tensor's value; the paper
             does not give one).

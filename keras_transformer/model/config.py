@@ -12,7 +12,12 @@ import typing
 
 from keras_transformer import checks
 
-_POSITION_ENCODINGS = ("sinusoidal", "learned")
+# "fixed": a table held as non-trainable weights, for checkpoints whose position
+# encodings differ from the paper's (Marian's sinusoids put every sine before every cosine).
+_POSITION_ENCODINGS = ("sinusoidal", "learned", "fixed")
+# FFN activations: the paper's ReLU (3.3), and the two that pretrained models use
+# (GELU, and swish = SiLU in Marian / OPUS-MT); each a name `keras.activations` knows.
+_ACTIVATIONS = ("relu", "gelu", "swish")
 
 # Fields that configs of version 0.1 carried besides the architecture (training and
 # decoding settings). `from_dict` drops them, so `model.keras` files written by 0.1 load.
@@ -61,6 +66,9 @@ class TransformerConfig:
     norm_first: bool = False  # the paper is post-norm (5.4); pre-norm is a departure
     position_encoding: str = "sinusoidal"  # "sinusoidal" (3.5) or "learned" (Table 3 E)
     layer_norm_epsilon: float = 1e-6  # not given in the paper; tensor2tensor's value
+    activation: str = "relu"  # the FFN's max(0, .) (3.3); "gelu" or "swish" for other models
+    scale_embeddings: bool = True  # embeddings times sqrt(d_model) (3.4); some checkpoints don't
+    output_bias: bool = False  # a bias on the tied pre-softmax projection: not in the paper
     dtype_policy: typing.Optional[str] = None  # None: Keras' global policy
 
     def __post_init__(self):
@@ -84,6 +92,13 @@ class TransformerConfig:
                 f"Received: d_model={self.d_model}, num_heads={self.num_heads}"
             )
         checks.check_choice("position_encoding", self.position_encoding, _POSITION_ENCODINGS)
+        checks.check_choice("activation", self.activation, _ACTIVATIONS)
+        if self.output_bias and not self.share_embeddings:
+            raise ValueError(
+                "`output_bias` adds a bias to the tied pre-softmax projection; with "
+                "share_embeddings=False the untied `output_projection` has its own bias. "
+                "Received: output_bias=True, share_embeddings=False"
+            )
 
     @property
     def head_dim(self):

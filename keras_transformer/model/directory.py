@@ -7,6 +7,8 @@ evaluation and the command-line tools:
 ```
 model.keras            the trained model (architecture, weights, optimizer state)
 tokenizer.model        the joint sentencepiece vocabulary
+  or, for a model imported from Marian / OPUS-MT (keras_transformer.marian):
+source.spm, target.spm, vocab.json, marian_tokenizer.json
 config.toml            the RunConfig that produced it, [model] and [training] resolved
 manifest.json          what the run's parts are: the tokenizer's sha256 (its fingerprint)
 training_log.csv       one row per epoch (CSVLogger)
@@ -17,8 +19,9 @@ backup/                BackupAndRestore's state while a run is unfinished
 metrics.json           test scores written by kt-demo and kt-evaluate --write-metrics
 ```
 
-`load_model_and_tokenizer(model_dir)` reads the first two back and checks that the
-tokenizer is the one the model was trained with (the manifest's fingerprint; a
+`load_model_and_tokenizer(model_dir)` reads the model and its tokenizer back (the kind
+of tokenizer that `manifest.json` names: "sentencepiece", the default, or "marian")
+and checks that the tokenizer is the one the model was trained with (the manifest's fingerprint; a
 directory without a manifest, written by 0.1 or by hand, is checked by vocabulary size
 only), and `read_model_config(model_dir)` gives the model's `TransformerConfig`
 without its weights; `RunConfig.from_toml(os.path.join(model_dir, "config.toml"))`
@@ -53,13 +56,29 @@ CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"  # Keras fills in the 1-base
 BACKUP_DIR = "backup"
 METRICS_FILE = "metrics.json"
 MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = 1  # the version of manifest.json's layout
+# The version of manifest.json's layout: 2 added "tokenizer_kind", written only for a
+# tokenizer other than sentencepiece, so that a reader of format 1 refuses such a
+# directory ("newer than this package reads") instead of looking for tokenizer.model.
+MANIFEST_FORMAT = 2
+# A Marian / OPUS-MT model's tokenizer (keras_transformer.marian), in place of tokenizer.model.
+MARIAN_SOURCE_SPM_FILE = "source.spm"
+MARIAN_TARGET_SPM_FILE = "target.spm"
+MARIAN_VOCAB_FILE = "vocab.json"
+MARIAN_TOKENIZER_FILE = "marian_tokenizer.json"
+# The kinds of tokenizer a model directory may hold; the manifest's "tokenizer_kind".
+SENTENCEPIECE_KIND = "sentencepiece"
+MARIAN_KIND = "marian"
+TOKENIZER_KINDS = (SENTENCEPIECE_KIND, MARIAN_KIND)
 # What reading a damaged zip archive raises; a missing or unreadable file
 # (FileNotFoundError, PermissionError) is not a damaged one and keeps its own error.
 _ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, KeyError, json.JSONDecodeError, UnicodeDecodeError)
 
 def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
-    """The `(Transformer, SubwordTokenizer)` of a model directory, or the ones given.
+    """The `(Transformer, tokenizer)` of a model directory, or the ones given.
+
+    The tokenizer is a `SubwordTokenizer`, or for a model imported from Marian /
+    OPUS-MT a `keras_transformer.marian.MarianTokenizer`: the kind the directory's
+    manifest names (or, without a manifest, the files it holds).
 
     From a directory with a `manifest.json`, the tokenizer (the directory's own, or the
     one given) must be the one recorded there: its sha256 is compared, so a tokenizer
@@ -68,15 +87,17 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
     vocabulary sizes are compared.
 
     Args:
-        model_dir_or_model: a directory with `model.keras` (and `tokenizer.model`
+        model_dir_or_model: a directory with `model.keras` (and its tokenizer's files
             unless `tokenizer` is given), or a `Transformer`.
-        tokenizer: a `SubwordTokenizer`, a path to one, or None (the directory's).
+        tokenizer: a tokenizer object, a path to one (a `tokenizer.model` file, or a
+            directory holding `tokenizer.model` or a Marian tokenizer's files), or
+            None (the directory's).
 
     Returns:
         `(model, tokenizer)`, checked to belong together.
 
     Raises:
-        FileNotFoundError: a missing `model.keras` or `tokenizer.model`.
+        FileNotFoundError: a missing `model.keras` or tokenizer file.
         ValueError: a corrupt or truncated file (named), or a tokenizer that is not
             the model's.
         TypeError: arguments of the wrong kind.
@@ -85,6 +106,7 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
     from keras_transformer.model.transformer import Transformer
 
     manifest = None
+    model_dir = None
     if isinstance(model_dir_or_model, (str, os.PathLike)):
         model_dir = os.fspath(model_dir_or_model)
         model = load_model_file(os.path.join(model_dir, MODEL_FILE))
@@ -111,16 +133,20 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
     source = "the tokenizer given"
     if isinstance(tokenizer, (str, os.PathLike)):
         source = os.fspath(tokenizer)
-        if os.path.isdir(source):
-            source = os.path.join(source, TOKENIZER_FILE)
-        if manifest is not None and os.path.isfile(source):
-            # Before the file is parsed: a cut copy may still parse, as a smaller vocabulary.
-            with open(source, "rb") as file:
-                _check_fingerprint(hashlib.sha256(file.read()).hexdigest(), manifest, source, model_dir)
-        tokenizer = SubwordTokenizer.load(source)
-    if not isinstance(tokenizer, SubwordTokenizer):
+        kind = _tokenizer_kind_at(source, manifest if source == model_dir else None)
+        if kind == MARIAN_KIND:
+            tokenizer = _marian_tokenizer_class().load(source)
+        else:
+            if os.path.isdir(source):
+                source = os.path.join(source, TOKENIZER_FILE)
+            if manifest is not None and os.path.isfile(source):
+                # Before the file is parsed: a cut copy may still parse, as a smaller vocabulary.
+                with open(source, "rb") as file:
+                    _check_fingerprint(hashlib.sha256(file.read()).hexdigest(), manifest, source, model_dir)
+            tokenizer = SubwordTokenizer.load(source)
+    if not isinstance(tokenizer, _tokenizer_classes()):
         raise TypeError(
-            "`tokenizer` must be a SubwordTokenizer or the path of a tokenizer.model. "
+            "`tokenizer` must be a SubwordTokenizer, a MarianTokenizer, or the path of one. "
             f"Received: {type(tokenizer).__name__}"
         )
     if manifest is not None:
@@ -133,6 +159,32 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
     return model, tokenizer
 
 
+def tokenizer_kind(tokenizer):
+    """The kind of a tokenizer object: "marian" for a MarianTokenizer, else "sentencepiece"."""
+    return getattr(tokenizer, "kind", SENTENCEPIECE_KIND)
+
+
+def _tokenizer_kind_at(path, manifest):
+    """The kind of tokenizer at `path`: the manifest's word, else what the files say."""
+    if manifest is not None:
+        return manifest.get("tokenizer_kind", SENTENCEPIECE_KIND)
+    if os.path.isfile(os.path.join(path, MARIAN_TOKENIZER_FILE)):
+        return MARIAN_KIND
+    return SENTENCEPIECE_KIND
+
+
+def _marian_tokenizer_class():
+    from keras_transformer.marian.tokenizer import MarianTokenizer  # TensorFlow: load lazily
+
+    return MarianTokenizer
+
+
+def _tokenizer_classes():
+    from keras_transformer.data.tokenizer import SubwordTokenizer
+
+    return (SubwordTokenizer, _marian_tokenizer_class())
+
+
 def _check_fingerprint(fingerprint, manifest, source, model_dir):
     """Raises ValueError unless `fingerprint` is the tokenizer sha256 the manifest records."""
     expected = manifest["tokenizer_sha256"]
@@ -141,7 +193,8 @@ def _check_fingerprint(fingerprint, manifest, source, model_dir):
             f"{source} is not the tokenizer {model_dir} was trained with: its sha256 is "
             f"{fingerprint[:16]}..., {MANIFEST_FILE} records {expected[:16]}.... It is "
             "corrupt (truncated or damaged) or another run's tokenizer, whose ids would "
-            f"mean other words to this model; put back the run's own {TOKENIZER_FILE}."
+            "mean other words to this model; put back the run's own tokenizer files "
+            f"({TOKENIZER_FILE}, or a Marian model's {MARIAN_TOKENIZER_FILE} and the files beside it)."
         )
 
 
@@ -198,9 +251,14 @@ def check_model_file(path):
 def write_manifest(model_dir, tokenizer):
     """Writes `model_dir/manifest.json`, recording the tokenizer's fingerprint; returns its path.
 
-    Written atomically: a reader sees no manifest, or a whole one.
+    Written atomically: a reader sees no manifest, or a whole one. A tokenizer other
+    than sentencepiece is named ("tokenizer_kind", format 2); a sentencepiece one writes
+    format 1, which every version reads.
     """
-    manifest = {"format": MANIFEST_FORMAT, "tokenizer_sha256": tokenizer.fingerprint}
+    manifest = {"format": 1, "tokenizer_sha256": tokenizer.fingerprint}
+    kind = tokenizer_kind(tokenizer)
+    if kind != SENTENCEPIECE_KIND:
+        manifest.update(format=2, tokenizer_kind=kind)
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     return write_text_atomically(os.path.join(os.fspath(model_dir), MANIFEST_FILE), text)
 
@@ -222,6 +280,9 @@ def read_manifest(model_dir):
             raise ValueError(f"tokenizer_sha256={fingerprint!r} is not a sha256")
         if not isinstance(layout, int) or layout < 1:
             raise ValueError(f"format={layout!r} is not a format number")
+        kind = manifest.get("tokenizer_kind", SENTENCEPIECE_KIND)
+        if layout <= MANIFEST_FORMAT and kind not in TOKENIZER_KINDS:
+            raise ValueError(f"tokenizer_kind={kind!r} is not one of {TOKENIZER_KINDS}")
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is corrupt: {type(error).__name__}: {error}") from None
     if layout > MANIFEST_FORMAT:
@@ -277,4 +338,10 @@ __all__ = [
     "BACKUP_DIR",
     "METRICS_FILE",
     "MANIFEST_FILE",
+    "MARIAN_SOURCE_SPM_FILE",
+    "MARIAN_TARGET_SPM_FILE",
+    "MARIAN_VOCAB_FILE",
+    "MARIAN_TOKENIZER_FILE",
+    "TOKENIZER_KINDS",
+    "tokenizer_kind",
 ]

@@ -14,6 +14,7 @@ from keras import ops
 from keras_transformer.layers import masks
 from keras_transformer.layers.decoder import DecoderBlock
 from keras_transformer.layers.embedding import (
+    FixedPositionEmbedding,
     LearnedPositionEmbedding,
     SinusoidalPositionEncoding,
     TokenEmbedding,
@@ -160,7 +161,14 @@ def build_stacks(config, dtype):
     """
 
     def token_embedding(name):
-        return TokenEmbedding(config.vocab_size, config.d_model, dtype=dtype, name=name)
+        return TokenEmbedding(
+            config.vocab_size,
+            config.d_model,
+            scale=config.scale_embeddings,
+            output_bias=config.output_bias,
+            dtype=dtype,
+            name=name,
+        )
 
     if config.share_embeddings:
         # One matrix for source, target and the pre-softmax projection (3.4).
@@ -186,11 +194,11 @@ def build_stacks(config, dtype):
 
 def _stack_layers(config, dtype, side, block_class, count):
     """`(position_encoding, embedding_dropout, blocks, final_norm)` of one side, in this order."""
-    encoding = (
-        LearnedPositionEmbedding
-        if config.position_encoding == "learned"
-        else SinusoidalPositionEncoding
-    )
+    encoding = {
+        "sinusoidal": SinusoidalPositionEncoding,
+        "learned": LearnedPositionEmbedding,
+        "fixed": FixedPositionEmbedding,
+    }[config.position_encoding]
     positions = encoding(config.max_length, dtype=dtype, name=f"{side}_position_encoding")
     dropout = keras.layers.Dropout(config.dropout, dtype=dtype, name=f"{side}_embedding_dropout")
     blocks = [
@@ -200,6 +208,7 @@ def _stack_layers(config, dtype, side, block_class, count):
             dropout=config.dropout,
             attention_dropout=config.attention_dropout,
             activation_dropout=config.activation_dropout,
+            activation=config.activation,
             norm_first=config.norm_first,
             layer_norm_epsilon=config.layer_norm_epsilon,
             dtype=dtype,

@@ -43,8 +43,12 @@ class Transformer(keras.Model):
             raise ValueError(
                 f"`config` must be a TransformerConfig. Received: {type(config).__name__}"
             )
-        dtype = kwargs.pop("dtype", None) or config.dtype_policy
-        dtype = keras.dtype_policies.get(dtype) if dtype else keras.config.dtype_policy()
+        dtype = kwargs.pop("dtype", None)
+        if dtype is None:
+            dtype = config.dtype_policy
+        # A quantized model's config holds a `DTypePolicyMap` (see `get_config`): every
+        # layer is handed the map and looks its own path up in it when it builds.
+        dtype = keras.dtype_policies.get(dtype) if dtype is not None else keras.config.dtype_policy()
         encoder_stack, decoder_stack = build_stacks(config, dtype)
 
         encoder_inputs = keras.Input(shape=(None,), dtype="int32", name="encoder_inputs")
@@ -58,6 +62,8 @@ class Transformer(keras.Model):
             **kwargs,
         )
         self.config = config
+        if isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
+            _resolve_policy_map(self)
         # Plain objects: Keras tracks the layers through the functional graph only.
         self.encoder_stack = encoder_stack
         self.decoder_stack = decoder_stack
@@ -207,12 +213,55 @@ class Transformer(keras.Model):
 
     # ------------------------------------------------------------ serialization
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        config = {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        policy_map = self._quantized_policy_map()
+        if policy_map is not None:
+            config["dtype"] = keras.dtype_policies.serialize(policy_map)
+        return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+    def _quantized_policy_map(self):
+        """A `DTypePolicyMap` of the quantized layers' paths, or None if none is quantized.
+
+        After `model.quantize("int8")` the `Dense` layers inside the blocks hold an int8
+        kernel and its scale, but the blocks would rebuild them from their own float
+        policy, and loading would find two variables where it expects others. Saving
+        each quantized layer's policy under its path (what keras-hub's `Backbone`
+        does) lets the rebuilt model build those layers quantized before the weights
+        load: the map is passed down as every layer's `dtype`, and a layer reads its
+        own entry by `layer.path`.
+        """
+        policy_map = keras.dtype_policies.DTypePolicyMap(default_policy=self.config.dtype_policy)
+        for layer in self._flatten_layers(include_self=False):
+            if layer.quantization_mode is None:
+                continue
+            policy = layer.dtype_policy
+            if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+                policy = policy[layer.path]
+            # A copy: serializing a map without a default policy blanks its policies' names.
+            policy_map[layer.path] = keras.dtype_policies.deserialize(
+                keras.dtype_policies.serialize(policy)
+            )
+        return policy_map if len(policy_map) else None
+
+
+def _resolve_policy_map(model):
+    """Gives each layer of `model` its own policy from the map it was built with.
+
+    The map has done its work once the layers are built (quantized layers created their
+    int8 variables). Keras 3.15's `Dense` reads `dtype_policy.quantization_mode` in
+    places (its `save_own_variables` among them), which for a map is the default's
+    (None), so a loaded model could not be saved again; a plain policy per layer, as
+    `quantize` leaves it, avoids that.
+    """
+    for layer in model._flatten_layers(include_self=False):
+        policy = layer._dtype_policy
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            layer._dtype_policy = policy[layer.path] if layer.path else policy.default_policy
 
 
 def check_token_ids(token_ids, vocab_size, name="token_ids"):

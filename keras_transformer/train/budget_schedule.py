@@ -43,8 +43,8 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     - after `T`: `floor`, so a run that goes on past its estimate stays at the floor
       (under `"rsqrt_cooldown"`, `final_fraction` times the paper's value there).
 
-    `T` must exceed `W`. Use it when the number of updates is known; when only seconds
-    are, the run estimates `T` from the measured step time (`keras_transformer.train`).
+    `T` must exceed `W`. Use it when the number of updates is known: in a run config,
+    `[training] decay = "cosine"` with `total_steps` (`TrainingConfig`).
 
     Args:
         d_model: int, the model width (the peak scales as `d_model^-0.5`, as in eq. 3).

@@ -7,6 +7,7 @@ hands every callback the same dict in list order.
 """
 
 import importlib.util
+import json
 import math
 import os
 import random
@@ -16,7 +17,7 @@ import warnings
 import keras
 
 from keras_transformer.model import directory as model_directory
-from keras_transformer.atomic import save_weights_atomically
+from keras_transformer.atomic import atomic_path, save_weights_atomically, write_text_atomically
 from keras_transformer.train.checkpoints import prune_checkpoints, weights_are_finite
 from keras_transformer import checks
 from keras_transformer.inference.decoding import BEAM_SIZE
@@ -134,6 +135,185 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         path = os.path.join(self.directory, model_directory.CHECKPOINT_PATTERN.format(epoch=epoch + 1))
         save_weights_atomically(self.model, path)
         prune_checkpoints(self.directory, self.keep)
+
+
+# What early stopping can watch, and which way is better: the validation loss (Keras'
+# own, from `validation_data`) or the validation BLEU that `BleuCallback` logs.
+EARLY_STOPPING_MODES = {"val_loss": "min", "val_bleu": "max"}
+EARLY_STOPPING_MONITORS = tuple(EARLY_STOPPING_MODES)
+
+
+class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
+    """Keras' `EarlyStopping(restore_best_weights=True)`, whose state survives a kill.
+
+    Stops training once `patience` epochs in a row have not improved `monitor`
+    (`"val_loss"`, lower is better, or `"val_bleu"`, higher is better, as logged by
+    `BleuCallback`) by more than `min_delta`, and when training ends (stopped early, out
+    of epochs or out of time) sets the model's weights to those of the best epoch, as
+    Keras does. Epochs where the monitor is absent (BLEU is computed every
+    `bleu_every_epochs`) do not count.
+
+    Keras keeps the monitored values and the best weights in memory, so a run killed and
+    resumed by `BackupAndRestore` would forget its best epoch. Given `state_dir`, this
+    writes them there after every epoch: `early_stopping.json` (each epoch's value) and
+    the best epoch's weights (`early_stopping_best_NNN.npz`, atomically), and reads them
+    back when `fit` starts. `default_callbacks` puts it in `backup/`, the resume state
+    `run_training` deletes once the run is saved, and before `BackupAndRestore`, so the
+    state is never behind the backup. A kill between the two writes makes the resumed
+    run train that epoch again; its new value replaces the old, and the weights of the
+    best epoch before it are kept too, so whichever is best then is restored.
+
+    Args:
+        monitor: `"val_loss"` (default) or `"val_bleu"`.
+        patience: int >= 1, epochs without improvement before training stops.
+        min_delta: float >= 0, the least change that counts as an improvement. Default 0.
+        state_dir: optional str, where the state is kept across a kill; None keeps it
+            in memory only, as Keras does.
+        verbose: int, 1 prints when it stops and which epoch it restores. Default 0.
+
+    Attributes:
+        best_epoch: int, the 0-based epoch of the best value so far.
+        stopped_epoch: int, the epoch after which it stopped training (0 if it did not).
+
+    Example:
+
+    ```python
+    stopping = ResumableEarlyStopping("val_bleu", patience=3, state_dir="run/backup")
+    model.fit(batches, validation_data=valid, epochs=50, callbacks=[bleu, stopping])
+    ```
+    """
+
+    STATE_FILE = "early_stopping.json"
+    _WEIGHTS_PATTERN = "early_stopping_best_{epoch:03d}.npz"
+
+    def __init__(self, monitor="val_loss", patience=3, min_delta=0.0, state_dir=None, verbose=0):
+        checks.check_choice("monitor", monitor, EARLY_STOPPING_MONITORS)
+        checks.check_positive_int("patience", patience)
+        checks.check_non_negative_number("min_delta", min_delta)
+        super().__init__(
+            monitor=monitor,
+            patience=patience,
+            min_delta=min_delta,
+            mode=EARLY_STOPPING_MODES[monitor],
+            restore_best_weights=True,
+            verbose=verbose,
+        )
+        self._set_monitor_op()  # the mode is explicit, so this needs no model
+        self.state_dir = None if state_dir is None else os.fspath(state_dir)
+        self.values = {}  # epoch -> the monitored value
+        self._best_weights_by_epoch = {}  # the best epoch's weights, and the runner-up's
+
+    # ------------------------------------------------------------ Keras' hooks
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self.values, self._best_weights_by_epoch = self._read_state()
+        self._update()
+        if self.values and self.wait >= self.patience and max(self.values) > 0:
+            self.stopped_epoch = max(self.values)  # a resumed run that had stopped
+        if self.best is not None and self.best_weights is None:
+            warnings.warn(
+                f"Early stopping: the weights of the best epoch ({self.best_epoch + 1}) were not "
+                f"found in {self.state_dir}; the final weights will be kept."
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.values and self.monitor not in (logs or {}):
+            return  # seen before: computed every few epochs (bleu_every_epochs), not missing
+        current = self.get_monitor_value(logs)
+        if current is None:
+            return
+        current = float(current)
+        if not math.isfinite(current):
+            warnings.warn(f"Early stopping: {self.monitor}={current} at epoch {epoch + 1}; not counted.")
+            return
+        self.values[epoch] = current
+        self._update()
+        if self.best_epoch == epoch:
+            # The runner-up is what a redone epoch (after a kill) may fall back to.
+            runner_up = self._best_of({e: v for e, v in self.values.items() if e != epoch})[1]
+            kept = {e: w for e, w in self._best_weights_by_epoch.items() if e == runner_up}
+            self._best_weights_by_epoch = {**kept, epoch: self.model.get_weights()}
+            self.best_weights = self._best_weights_by_epoch[epoch]
+        if self.wait >= self.patience and epoch > 0:
+            self.stopped_epoch = epoch
+            self.model.stop_training = True
+        self._write_state(new_best=self.best_epoch == epoch)
+
+    # ---------------------------------------------------------------- state
+    def saved_stopped_epoch(self):
+        """The epoch after which a run with this `state_dir` stopped, or None.
+
+        `run_training` reads it before `fit`: a run killed after it stopped early
+        (while saving) resumes with no epoch left to train.
+        """
+        values, _ = self._read_state(weights=False)
+        best, best_epoch, wait = self._best_of(values, with_wait=True)
+        if best is not None and wait >= self.patience and max(values) > 0:
+            return max(values)
+        return None
+
+    def _update(self):
+        self.best, self.best_epoch, self.wait = self._best_of(self.values, with_wait=True)
+        if self.best is None:
+            self.best_epoch = 0
+        self.best_weights = self._best_weights_by_epoch.get(self.best_epoch)
+
+    def _best_of(self, values, with_wait=False):
+        """(best value, its epoch, epochs since it) over `{epoch: value}`, as Keras counts."""
+        best, best_epoch, wait = None, None, 0
+        for epoch in sorted(values):
+            wait += 1
+            if self._is_improvement(values[epoch], best):
+                best, best_epoch, wait = values[epoch], epoch, 0
+        return (best, best_epoch, wait) if with_wait else (best, best_epoch)
+
+    def _read_state(self, weights=True):
+        import numpy as np
+
+        if self.state_dir is None:
+            return dict(self.values), dict(self._best_weights_by_epoch)
+        path = os.path.join(self.state_dir, self.STATE_FILE)
+        if not os.path.isfile(path):
+            return {}, {}
+        with open(path, encoding="utf-8") as file:
+            state = json.load(file)
+        if state.get("monitor") != self.monitor:
+            warnings.warn(
+                f"Early stopping: {path} watched {state.get('monitor')!r}, this run watches "
+                f"{self.monitor!r}; it starts counting afresh."
+            )
+            return {}, {}
+        values = {int(epoch): float(value) for epoch, value in state["values"].items()}
+        best_weights = {}
+        for epoch in state["weights_epochs"] if weights else ():
+            weights_path = os.path.join(self.state_dir, self._WEIGHTS_PATTERN.format(epoch=epoch + 1))
+            if os.path.isfile(weights_path):
+                with np.load(weights_path) as arrays:
+                    best_weights[epoch] = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+        return values, best_weights
+
+    def _write_state(self, new_best):
+        """The best weights first (when they changed), then the values that point to them."""
+        import numpy as np
+
+        if self.state_dir is None:
+            return
+        os.makedirs(self.state_dir, exist_ok=True)
+        if new_best:
+            path = os.path.join(self.state_dir, self._WEIGHTS_PATTERN.format(epoch=self.best_epoch + 1))
+            with atomic_path(path) as temporary:
+                with open(temporary, "wb") as file:
+                    np.savez(file, *self.best_weights)
+        state = {
+            "monitor": self.monitor,
+            "values": {str(epoch): value for epoch, value in sorted(self.values.items())},
+            "weights_epochs": sorted(self._best_weights_by_epoch),
+        }
+        write_text_atomically(os.path.join(self.state_dir, self.STATE_FILE), json.dumps(state, indent=2) + "\n")
+        kept = {self._WEIGHTS_PATTERN.format(epoch=epoch + 1) for epoch in self._best_weights_by_epoch}
+        for name in os.listdir(self.state_dir):
+            if name.startswith("early_stopping_best_") and name.endswith(".npz") and name not in kept:
+                os.remove(os.path.join(self.state_dir, name))
 
 
 class _TranslationCallback(keras.callbacks.Callback):
@@ -283,6 +463,9 @@ def default_callbacks(
     max_train_seconds=None,
     tensorboard=True,
     jit_compile=True,
+    early_stopping_patience=0,
+    early_stopping_monitor="val_loss",
+    early_stopping_min_delta=0.0,
 ):
     """The callbacks of a training run, writing into `model_dir`.
 
@@ -290,7 +473,9 @@ def default_callbacks(
     `LearningRateLogger`, `BleuCallback` and `SampleTranslations` (if validation pairs
     and a tokenizer are given, and their counts are > 0), `KeepLastCheckpoints`
     (`checkpoints/epoch_NNN.weights.h5`, the last `keep_checkpoints`; none if 0),
-    `BackupAndRestore` (`backup/`: a killed run, started again with the same
+    `ResumableEarlyStopping` (if `early_stopping_patience` > 0; its state in `backup/`,
+    so checkpoints and backups hold each epoch's own weights and the best are set only
+    when training ends), `BackupAndRestore` (`backup/`: a killed run, started again with the same
     `model_dir`, resumes at the epoch after the last one finished; deleted once `fit`
     completes), `CSVLogger` (`training_log.csv`, appended to when resuming) and
     `TensorBoard` (`logs/`; skipped with a warning if TensorBoard is not installed).
@@ -306,6 +491,12 @@ def default_callbacks(
         max_train_seconds: optional float, wall-clock budget of `fit`.
         tensorboard: bool, write TensorBoard logs. Default True.
         jit_compile: bool, XLA for the BLEU / sample decoders on TensorFlow. Default True.
+        early_stopping_patience: int >= 0, epochs without improvement of
+            `early_stopping_monitor` before training stops and the best epoch's weights
+            are restored; 0 (default) trains every epoch.
+        early_stopping_monitor: `"val_loss"` (default; `fit` needs `validation_data`)
+            or `"val_bleu"` (needs `validation_pairs` and `bleu_every_epochs` > 0).
+        early_stopping_min_delta: float >= 0, the least change that is an improvement.
 
     Returns:
         list of `keras.callbacks.Callback`.
@@ -320,6 +511,15 @@ def default_callbacks(
     os.makedirs(model_dir, exist_ok=True)  # CSVLogger opens its file before any epoch
     if validation_pairs is not None and tokenizer is None:
         raise ValueError("`tokenizer` is required with `validation_pairs`. Received: tokenizer=None")
+    checks.check_non_negative_int("early_stopping_patience", early_stopping_patience)
+    if early_stopping_patience and early_stopping_monitor == "val_bleu" and not (
+        validation_pairs and bleu_every_epochs
+    ):
+        raise ValueError(
+            "early_stopping_monitor='val_bleu' needs the BLEU callback: validation pairs and "
+            f"bleu_every_epochs > 0. Received: bleu_every_epochs={bleu_every_epochs}, "
+            f"{len(validation_pairs or [])} validation pairs"
+        )
     callbacks = []
     if max_train_seconds:
         callbacks.append(TimeBudget(max_train_seconds))
@@ -353,6 +553,17 @@ def default_callbacks(
         )
     backup_dir = os.path.join(model_dir, model_directory.BACKUP_DIR)
     resuming = os.path.isdir(backup_dir)
+    if early_stopping_patience:
+        # Before BackupAndRestore: the early-stopping state is written first, never behind.
+        callbacks.append(
+            ResumableEarlyStopping(
+                early_stopping_monitor,
+                patience=early_stopping_patience,
+                min_delta=early_stopping_min_delta,
+                state_dir=backup_dir,
+                verbose=1,
+            )
+        )
     # Keras rewrites backup/latest.weights.h5 in place; with double_checkpoint it keeps
     # the previous one and falls back to it when a kill mid-write left the latest unreadable.
     callbacks.append(keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True))
@@ -384,6 +595,8 @@ __all__ = [
     "LearningRateLogger",
     "TimeBudget",
     "KeepLastCheckpoints",
+    "ResumableEarlyStopping",
+    "EARLY_STOPPING_MONITORS",
     "BleuCallback",
     "SampleTranslations",
     "default_callbacks",

@@ -11,10 +11,12 @@ import keras
 
 from keras_transformer import checks
 from keras_transformer.model.config import TransformerConfig
+from keras_transformer.train.accumulation import PerUpdateSchedule, keras_accumulation_steps
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.precision import loss_scaled_optimizer
 from keras_transformer.train.config import TrainingConfig
+from keras_transformer.train.budget_schedule import BudgetSchedule
 from keras_transformer.train.schedules import TransformerSchedule
 
 # What `model.compile(jit_compile=...)` takes: "auto" lets Keras pick XLA where it can.
@@ -22,20 +24,35 @@ JIT_COMPILE_VALUES = ("auto", True, False)
 
 
 def make_schedule(d_model, training_config=None):
-    """The warmup learning-rate schedule of eq. 3 (a `TransformerSchedule`).
+    """The learning-rate schedule of `training_config`: eq. 3, or eq. 3's warmup with a budget.
+
+    `decay="rsqrt"` (the default) is the paper's `TransformerSchedule`; `"cosine"`,
+    `"linear"` and `"rsqrt_cooldown"` give a `BudgetSchedule` with the same warmup and
+    peak that reaches zero at `training_config.total_steps` updates.
 
     Args:
         d_model: int, the model width the schedule scales with.
-        training_config: `TrainingConfig`; reads `warmup_steps` and
-            `learning_rate_scale`. None: the paper's.
+        training_config: `TrainingConfig`; reads `warmup_steps`, `learning_rate_scale`,
+            `decay` and `total_steps`. None: the paper's.
 
     Example:
     >>> make_schedule(512).peak_learning_rate  # d_model 512, warmup 4000
     0.000698...
+    >>> cosine = make_schedule(512, kt.TrainingConfig(decay="cosine", total_steps=20000))
+    >>> float(cosine(19999))  # the last update of the budget: the floor
+    0.0
     """
     training_config = _checked_training_config(training_config)
-    return TransformerSchedule(
-        d_model, training_config.warmup_steps, scale=training_config.learning_rate_scale
+    if training_config.decay == "rsqrt":
+        return TransformerSchedule(
+            d_model, training_config.warmup_steps, scale=training_config.learning_rate_scale
+        )
+    return BudgetSchedule(
+        d_model,
+        training_config.total_steps,
+        training_config.warmup_steps,
+        decay=training_config.decay,
+        scale=training_config.learning_rate_scale,
     )
 
 
@@ -45,9 +62,12 @@ def make_optimizer(d_model, training_config=None):
     `beta_1`, `beta_2` and `epsilon` are the training config's `adam_beta_1`,
     `adam_beta_2` and `adam_epsilon` (0.9, 0.98, 1e-9 by default, as in the paper); the
     learning rate is `make_schedule(d_model, training_config)`. `clipnorm`, when set,
-    clips each gradient's norm (a departure from the paper, off by default). The
-    optimizer is not wrapped for loss scaling here: `compile_transformer` does that when
-    the model computes in float16.
+    clips each gradient's norm (a departure from the paper, off by default).
+    `gradient_accumulation_steps` N > 1 makes Keras' optimizer apply the mean gradient
+    of N batches as one update, and the schedule is wrapped in a `PerUpdateSchedule` so
+    that it advances per update, not per batch (`keras_transformer.train.accumulation`).
+    The optimizer is not wrapped for loss scaling here: `compile_transformer` does that
+    when the model computes in float16.
 
     Args:
         d_model: int, the model width.
@@ -61,16 +81,28 @@ def make_optimizer(d_model, training_config=None):
     0.98
     """
     training_config = _checked_training_config(training_config)
+    schedule = make_schedule(d_model, training_config)
+    accumulation = keras_accumulation_steps(training_config.gradient_accumulation_steps)
+    if accumulation:
+        schedule = PerUpdateSchedule(schedule, accumulation)
     return keras.optimizers.Adam(
-        learning_rate=make_schedule(d_model, training_config),
+        learning_rate=schedule,
         beta_1=training_config.adam_beta_1,
         beta_2=training_config.adam_beta_2,
         epsilon=training_config.adam_epsilon,
         clipnorm=training_config.clipnorm,
+        gradient_accumulation_steps=accumulation,
     )
 
 
-def compile_transformer(model, training_config=None, *, jit_compile="auto", steps_per_execution=1):
+def compile_transformer(
+    model,
+    training_config=None,
+    *,
+    jit_compile="auto",
+    steps_per_execution=1,
+    gradient_accumulation_steps=None,
+):
     """Compiles `model` with the paper's optimizer, schedule, loss and metrics.
 
     Sets `make_optimizer(model.config.d_model, training_config)`,
@@ -90,6 +122,10 @@ def compile_transformer(model, training_config=None, *, jit_compile="auto", step
             XLA, feed batches padded to a few fixed lengths (the data pipeline's
             buckets), or every new shape is a recompilation.
         steps_per_execution: int >= 1, training steps per call of the compiled function.
+        gradient_accumulation_steps: int >= 1, batches whose mean gradient makes one
+            update; None (default) takes the training config's (1 unless set there).
+            Given, it replaces the config's value. `fit` still counts batches (steps
+            per epoch, the progress bar); `model.optimizer.iterations` counts updates.
 
     Returns:
         The same `model`, compiled.
@@ -99,6 +135,9 @@ def compile_transformer(model, training_config=None, *, jit_compile="auto", step
     >>> model = compile_transformer(model, kt.TrainingConfig(warmup_steps=400))
     >>> model.optimizer._learning_rate.warmup_steps  # the schedule itself
     400
+    >>> model = compile_transformer(model, gradient_accumulation_steps=4)  # 4 batches per update
+    >>> model.optimizer.gradient_accumulation_steps
+    4
     """
     config = getattr(model, "config", None)
     if not isinstance(config, TransformerConfig):
@@ -107,7 +146,11 @@ def compile_transformer(model, training_config=None, *, jit_compile="auto", step
             f"TransformerConfig as `config`). Received: {type(model).__name__}"
         )
     training_config = _checked_training_config(training_config)
+    if gradient_accumulation_steps is not None:
+        # replace() validates it, with the TrainingConfig's message.
+        training_config = training_config.replace(gradient_accumulation_steps=gradient_accumulation_steps)
     checks.check_choice("jit_compile", jit_compile, JIT_COMPILE_VALUES)
+    check_jit_compile_backend(jit_compile)
     checks.check_positive_int("steps_per_execution", steps_per_execution)
     # The layers compute in config.dtype_policy, or the global policy when it is None.
     optimizer = loss_scaled_optimizer(make_optimizer(config.d_model, training_config), config)
@@ -119,6 +162,23 @@ def compile_transformer(model, training_config=None, *, jit_compile="auto", step
         steps_per_execution=steps_per_execution,
     )
     return model
+
+
+def check_jit_compile_backend(jit_compile):
+    """Refuses `jit_compile=True` on PyTorch, where torch.compile fails on this model.
+
+    Measured with torch 2.11 (CUDA) and 2.13 (CPU): dynamo recompiles the attention
+    sub-layer that self- and cross-attention share past its recompile limit, then fails
+    inside its own guard code with a `KeyError` that names none of the user's code.
+    "auto" (Keras' choice: eager on PyTorch) and False run.
+    """
+    if jit_compile is True and keras.backend.backend() == "torch":
+        raise ValueError(
+            "jit_compile=True (torch.compile) cannot compile the Transformer on the PyTorch "
+            "backend: dynamo recompiles its shared attention sub-layer past the recompile "
+            "limit and then fails. Use jit_compile='auto' or False (PyTorch runs eagerly), "
+            "or the JAX backend for a compiled step. Received: jit_compile=True"
+        )
 
 
 def _checked_training_config(training_config):

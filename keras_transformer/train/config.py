@@ -11,7 +11,11 @@ import typing
 
 from keras_transformer import checks
 from keras_transformer.train.losses import LABEL_SMOOTHING
+from keras_transformer.train.budget_schedule import DECAYS
 from keras_transformer.train.schedules import WARMUP_STEPS
+
+# "rsqrt" is the paper's eq. 3; the others are BudgetSchedule's tails.
+SCHEDULE_DECAYS = ("rsqrt",) + DECAYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +24,8 @@ class TrainingConfig:
 
     Frozen and validated like `TransformerConfig`: variants with `replace(**changes)`;
     a bad value raises `ValueError` naming the field and the value. Batching (tokens per
-    batch) belongs to the data pipeline and the run config, not here.
+    batch) belongs to the data pipeline and the run config, not here; how many batches
+    make one update (`gradient_accumulation_steps`) is the optimizer's, so it is here.
 
     Example:
     >>> TrainingConfig().replace(warmup_steps=400).warmup_steps
@@ -30,14 +35,36 @@ class TrainingConfig:
     label_smoothing: float = LABEL_SMOOTHING  # epsilon_ls = 0.1 (5.4)
     warmup_steps: int = WARMUP_STEPS  # 4000 (5.3)
     learning_rate_scale: float = 1.0  # multiplies the schedule; 1.0 is the paper's formula
+    # After the warmup: "rsqrt" is eq. 3's inverse square root, which never ends; "cosine",
+    # "linear" and "rsqrt_cooldown" reach zero at `total_steps` updates (BudgetSchedule).
+    decay: str = "rsqrt"
+    total_steps: typing.Optional[int] = None  # updates in the budget; needed by every decay but "rsqrt"
     adam_beta_1: float = 0.9  # (5.3)
     adam_beta_2: float = 0.98  # (5.3)
     adam_epsilon: float = 1e-9  # (5.3)
     clipnorm: typing.Optional[float] = None  # not in the paper; None disables clipping
+    # Batches whose mean gradient makes one update: 1 is the paper (one batch of ~25k
+    # tokens a side per update, on 8 GPUs); N > 1 reaches that batch on one small device
+    # (see keras_transformer.train.accumulation).
+    gradient_accumulation_steps: int = 1
 
     def __post_init__(self):
         checks.check_dataclass_fields(self)
         checks.check_positive_int("warmup_steps", self.warmup_steps)
+        checks.check_positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        checks.check_choice("decay", self.decay, SCHEDULE_DECAYS)
+        if self.total_steps is not None:
+            checks.check_positive_int("total_steps", self.total_steps)
+        if self.decay != "rsqrt" and self.total_steps is None:
+            raise ValueError(
+                f"decay={self.decay!r} ends the learning rate at the budget's last update, so "
+                "`total_steps` (updates in the budget) is needed. Received: total_steps=None"
+            )
+        if self.decay != "rsqrt" and self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                "`total_steps` must be greater than `warmup_steps`: the decay starts after the "
+                f"warmup. Received: total_steps={self.total_steps}, warmup_steps={self.warmup_steps}"
+            )
         for name in ("label_smoothing", "adam_beta_1", "adam_beta_2"):
             checks.check_rate(name, getattr(self, name))
         for name in ("learning_rate_scale", "adam_epsilon"):

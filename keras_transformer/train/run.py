@@ -39,13 +39,14 @@ import os
 import shutil
 import tempfile
 import time
+import typing
 
 import keras
 
 from keras_transformer import distribute
 from keras_transformer.model import directory as model_directory
 from keras_transformer.model.transformer import build_transformer
-from keras_transformer.train.callbacks import TimeBudget, default_callbacks
+from keras_transformer.train.callbacks import ResumableEarlyStopping, TimeBudget, default_callbacks
 from keras_transformer.train.checkpoints import save_final_model
 from keras_transformer.train.compile import compile_transformer, make_schedule
 from keras_transformer.train.curves import plot_training_curves
@@ -72,11 +73,16 @@ class TrainingResult:
         tokenizer: its `SubwordTokenizer`.
         history: the `keras.callbacks.History` of `fit`.
         train_seconds: float, wall-clock seconds of `fit` (compilation included).
-        steps: int, optimizer steps taken in this process.
+        steps: int, optimizer updates applied in this process (with
+            `gradient_accumulation_steps` N, each one the mean of N batches).
         target_tokens_per_second: float, real target tokens (with EOS) per second of
             `fit`, estimated from the average tokens per batch; NaN if unknown.
         stopped_by_time_budget: bool.
-        steps_per_epoch: int, optimizer steps in one epoch.
+        stopped_early: bool, whether early stopping ended training.
+        best_epoch: int, with early stopping on: the 1-based epoch whose weights the
+            model holds (its checkpoint is `checkpoints/epoch_NNN.weights.h5`); else None.
+        steps_per_epoch: int, batches (Keras steps) in one epoch; an epoch applies
+            `steps_per_epoch / gradient_accumulation_steps` updates.
     """
 
     model_dir: str
@@ -88,6 +94,8 @@ class TrainingResult:
     target_tokens_per_second: float
     stopped_by_time_budget: bool
     steps_per_epoch: int
+    stopped_early: bool = False
+    best_epoch: typing.Optional[int] = None
 
 
 def run_training(run_config, *, print_fn=print):
@@ -150,8 +158,19 @@ def run_training(run_config, *, print_fn=print):
             shutil.rmtree(os.path.join(plan.staging, model_directory.BACKUP_DIR), ignore_errors=True)
             if not plan.in_place:
                 print_fn(f"{plan.target} is left as it was; this run's logs are in {plan.staging}")
-    tokens_per_second = steps * tokens_per_step / seconds if seconds else float("nan")
+    # `steps` counts updates; with gradient accumulation each one read N batches.
+    batches = steps * run_config.training_config().gradient_accumulation_steps
+    tokens_per_second = batches * tokens_per_step / seconds if seconds else float("nan")
     stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
+    early = [c for c in callbacks if isinstance(c, ResumableEarlyStopping)]
+    best_epoch = early[0].best_epoch + 1 if early and early[0].best is not None else None
+    stopped_early = bool(early and early[0].stopped_epoch)
+    if best_epoch is not None:
+        print_fn(
+            ("stopped early: " if stopped_early else "")
+            + f"the model holds epoch {best_epoch}'s weights, the best {run_config.early_stopping_monitor}"
+            f" ({early[0].best:.4g})"
+        )
     print_fn(
         f"trained {steps} steps in {seconds:.0f} s ({steps / max(seconds, 1e-9):.2f} steps/s, "
         f"~{tokens_per_second:,.0f} target tokens/s)" + ("; stopped by the time budget" if stopped else "")
@@ -166,6 +185,8 @@ def run_training(run_config, *, print_fn=print):
         target_tokens_per_second=tokens_per_second,
         stopped_by_time_budget=stopped,
         steps_per_epoch=run_config.steps_per_epoch or datasets.train_stats.num_batches,
+        stopped_early=stopped_early,
+        best_epoch=best_epoch,
     )
 
 
@@ -270,11 +291,18 @@ def fit(model, run_config, datasets, callbacks, replicas):
         if validation is not None:
             validation = distribute.pad_batches_for_replicas(validation, replicas)
     counter = _StepCounter()
+    epochs = run_config.epochs
+    for callback in callbacks:
+        stopped = callback.saved_stopped_epoch() if isinstance(callback, ResumableEarlyStopping) else None
+        if stopped is not None:
+            # A run killed after it stopped early (while saving): its backup holds that
+            # epoch, so fit trains nothing more and only restores the best weights.
+            epochs = min(epochs, stopped + 1)
     started = time.monotonic()
     history = model.fit(
         train,
         validation_data=validation,
-        epochs=run_config.epochs,
+        epochs=epochs,
         steps_per_epoch=run_config.steps_per_epoch or None,
         callbacks=callbacks + [counter],  # after BackupAndRestore: counts from the restored step
         verbose=run_config.verbose,
@@ -339,6 +367,9 @@ def _run_callbacks(run_config, model_dir, splits, tokenizer):
         sample_translations=run_config.sample_translations,
         max_train_seconds=run_config.max_train_seconds or None,
         jit_compile=run_config.jit_compile is not False,
+        early_stopping_patience=run_config.early_stopping_patience,
+        early_stopping_monitor=run_config.early_stopping_monitor,
+        early_stopping_min_delta=run_config.early_stopping_min_delta,
     )
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
@@ -393,6 +424,13 @@ def _print_summary(print_fn, run_config, config, model, replicas, train_stats, t
         f"batches: <= {run_config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
         f"real target tokens per batch; {steps_per_epoch} steps per epoch; {train_stats}"
     )
+    if training.gradient_accumulation_steps > 1:
+        accumulation = training.gradient_accumulation_steps
+        print_fn(
+            f"gradient accumulation: one update per {accumulation} batches "
+            f"(~{tokens_per_step * accumulation:.0f} real target tokens per update, "
+            f"{steps_per_epoch / accumulation:g} updates per epoch); the schedule counts updates"
+        )
     budget = f", at most {run_config.max_train_seconds:g} s" if run_config.max_train_seconds else ""
     print_fn(
         f"training: up to {run_config.epochs} epochs{budget}; peak learning rate "

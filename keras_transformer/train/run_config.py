@@ -22,6 +22,7 @@ from keras_transformer import checks
 from keras_transformer.data.tokenizer import MODEL_TYPES as TOKENIZER_MODEL_TYPES
 from keras_transformer.inference.decoding import DECODE_METHODS
 from keras_transformer.model.config import LEGACY_FIELDS, TransformerConfig
+from keras_transformer.train.callbacks import EARLY_STOPPING_MONITORS
 from keras_transformer.train.compile import JIT_COMPILE_VALUES
 from keras_transformer.train.config import TrainingConfig
 
@@ -33,7 +34,8 @@ RESUMABLE_CHANGES = frozenset({
     "name", "output_dir", "overwrite", "epochs", "max_train_seconds", "strategy",
     "jit_compile", "steps_per_execution", "verbose", "keep_checkpoints",
     "bleu_every_epochs", "bleu_samples", "sample_translations", "eval_decode",
-    "eval_batch_size",
+    "eval_batch_size", "early_stopping_patience", "early_stopping_monitor",
+    "early_stopping_min_delta",
 })
 # The sub-configs of a run: TOML table name -> the dataclass its keys are fields of.
 _TABLES = {"model": TransformerConfig, "training": TrainingConfig}
@@ -111,6 +113,13 @@ class RunConfig:
     bleu_every_epochs: int = 1  # 0 disables the validation BLEU callback
     bleu_samples: int = 200
     sample_translations: int = 3  # sentences printed every bleu_every_epochs; 0: none
+    # Early stopping (not in the paper, which trained a fixed number of steps): stop after
+    # this many epochs without improvement of the monitor and keep the best epoch's
+    # weights in model.keras; 0 trains every epoch. The monitor is "val_loss" or
+    # "val_bleu" (the BLEU callback's, so bleu_every_epochs must be > 0).
+    early_stopping_patience: int = 0
+    early_stopping_monitor: str = "val_loss"
+    early_stopping_min_delta: float = 0.0  # the least change that counts as an improvement
 
     # Evaluation after training (kt-demo, kt-evaluate).
     eval_decode: str = "beam"
@@ -135,6 +144,7 @@ class RunConfig:
                      "tokenizer_max_sentences", "demo_num_train"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
+        self._check_early_stopping()
         separators = [sep for sep in ("/", os.sep, os.altsep) if sep]
         if not self.name or self.name.startswith(".") or "\0" in self.name or any(
             sep in self.name for sep in separators
@@ -161,6 +171,24 @@ class RunConfig:
 
         max_length = model_config.max_length
         check_batching_arguments(max_length, self.tokens_per_batch, self.bucket_boundaries(max_length))
+
+    def _check_early_stopping(self):
+        checks.check_non_negative_int("early_stopping_patience", self.early_stopping_patience)
+        checks.check_choice("early_stopping_monitor", self.early_stopping_monitor, EARLY_STOPPING_MONITORS)
+        checks.check_non_negative_number("early_stopping_min_delta", self.early_stopping_min_delta)
+        if not self.early_stopping_patience:
+            return
+        if not self.validation_split:
+            raise ValueError(
+                "Early stopping watches the validation split: set `validation_split`, or "
+                f"early_stopping_patience = 0. Received: early_stopping_patience="
+                f"{self.early_stopping_patience}, validation_split=''"
+            )
+        if self.early_stopping_monitor == "val_bleu" and not self.bleu_every_epochs:
+            raise ValueError(
+                "early_stopping_monitor='val_bleu' reads the BLEU callback's score: set "
+                "bleu_every_epochs > 0 (1 checks every epoch). Received: bleu_every_epochs=0"
+            )
 
     # -------------------------------------------------------------- derived
     @property
