@@ -50,6 +50,26 @@ _SPECIAL_TOKENS = (
 )
 
 
+def ids_before_eos(ids):
+    """`(ids [B, T] int32, before_eos [B, T] bool, single)` of ids to detokenize.
+
+    Ragged ids are padded with PAD, a 1-D vector becomes one row (`single` says so), and
+    `before_eos` marks the positions before each row's first EOS: what detokenizing
+    keeps. Shared by every tokenizer's graph-side `detokenize`.
+    """
+    if isinstance(ids, tf.RaggedTensor):
+        ids = ids.to_tensor(default_value=PAD_ID)
+    ids = tf.convert_to_tensor(ids)
+    if not ids.dtype.is_integer:
+        raise TypeError(f"`ids` must be integers. Received: dtype {ids.dtype}")
+    ids = tf.cast(ids, tf.int32)
+    single = ids.shape.rank == 1
+    if single:
+        ids = ids[tf.newaxis]
+    before_eos = tf.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=-1) == 0
+    return ids, before_eos, single
+
+
 class SubwordTokenizer(tf.Module):
     """A trained sentencepiece model, usable from Python, `tf.data` and TF graphs.
 
@@ -151,16 +171,7 @@ class SubwordTokenizer(tf.Module):
         Returns:
             tf.string tensor of shape [B] (or a scalar for 1-D dense input).
         """
-        if isinstance(ids, tf.RaggedTensor):
-            ids = ids.to_tensor(default_value=PAD_ID)
-        ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            raise TypeError(f"`ids` must be integers. Received: dtype {ids.dtype}")
-        ids = tf.cast(ids, tf.int32)
-        single = ids.shape.rank == 1
-        if single:
-            ids = ids[tf.newaxis]
-        before_eos = tf.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=-1) == 0
+        ids, before_eos, single = ids_before_eos(ids)
         keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID)
         text = self._tf_tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
         return text[0] if single else text

@@ -234,8 +234,25 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         return config
 
 
+
+
+def _check_length(inputs, max_length):
+    """Raises if the static length exceeds `max_length`; a symbolic length passes.
+
+    Only a plain int is compared: while tracing, the length is None (TensorFlow) or a
+    symbolic dimension (JAX's shape-polymorphic export, which Keras' `model.export`
+    uses), and comparing one of those with an int fails or is inconclusive.
+    """
+    length = inputs.shape[-2]
+    if isinstance(length, int) and length > max_length:
+        raise ValueError(
+            f"Sequence length {length} exceeds max_length={max_length}. "
+            f"Received: inputs.shape={tuple(inputs.shape)}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class FixedPositionEmbedding(keras.layers.Layer):
+class FixedPositionEmbedding(LearnedPositionEmbedding):
     """A position table held as non-trainable weights: encodings loaded from a checkpoint.
 
     For pretrained models whose fixed encodings are laid out otherwise than the paper's
@@ -259,12 +276,8 @@ class FixedPositionEmbedding(keras.layers.Layer):
     0.8415
     """
 
-    def __init__(self, max_length, **kwargs):
-        super().__init__(**kwargs)
-        check_positive_int("max_length", max_length)
-        self.max_length = max_length
-
     def build(self, inputs_shape):
+        # The table starts as the paper's sinusoids, whatever `initializer` says.
         width = inputs_shape[-1]
 
         def paper_sinusoids(shape, dtype=None):
@@ -278,31 +291,7 @@ class FixedPositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
-        _check_length(inputs, self.max_length)
-        positions = ops.arange(ops.shape(inputs)[-2], dtype="int32") + ops.cast(start_index, "int32")
-        table = ops.take(self.position_embeddings, positions, axis=0)
-        return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
-
     def get_config(self):
         config = super().get_config()
-        config.update({"max_length": self.max_length})
+        del config["initializer"]  # the table starts as the paper's sinusoids, always
         return config
-
-
-def _check_length(inputs, max_length):
-    """Raises if the static length exceeds `max_length`; a symbolic length passes.
-
-    Only a plain int is compared: while tracing, the length is None (TensorFlow) or a
-    symbolic dimension (JAX's shape-polymorphic export, which Keras' `model.export`
-    uses), and comparing one of those with an int fails or is inconclusive.
-    """
-    length = inputs.shape[-2]
-    if isinstance(length, int) and length > max_length:
-        raise ValueError(
-            f"Sequence length {length} exceeds max_length={max_length}. "
-            f"Received: inputs.shape={tuple(inputs.shape)}"
-        )

@@ -32,7 +32,7 @@ import sentencepiece
 import tensorflow as tf
 
 from keras_transformer.atomic import write_bytes_atomically, write_text_atomically
-from keras_transformer.data.tokenizer import _SharedSentencepieceTokenizer, check_encodable
+from keras_transformer.data.tokenizer import _SharedSentencepieceTokenizer, check_encodable, ids_before_eos
 from keras_transformer.marian.vocabulary import MarianVocabulary
 from keras_transformer.model import directory as model_directory
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -178,16 +178,7 @@ class MarianTokenizer(tf.Module):
         Returns:
             tf.string tensor [B] (a scalar for 1-D dense input).
         """
-        if isinstance(ids, tf.RaggedTensor):
-            ids = ids.to_tensor(default_value=PAD_ID)
-        ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            raise TypeError(f"`ids` must be integers. Received: dtype {ids.dtype}")
-        ids = tf.cast(ids, tf.int32)
-        single = ids.shape.rank == 1
-        if single:
-            ids = ids[tf.newaxis]
-        before_eos = tf.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=-1) == 0
+        ids, before_eos, single = ids_before_eos(ids)
         ids = tf.where(before_eos, ids, PAD_ID)  # PAD's surface is empty
         pieces = tf.gather(self._surface_table, ids)
         text = tf.strings.reduce_join(pieces, axis=-1)
