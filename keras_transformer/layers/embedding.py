@@ -200,6 +200,8 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         start_index: int scalar, the position of the first token. Defaults to 0.
     """
 
+    table_trainable = True
+
     def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         check_positive_int("max_length", max_length)
@@ -211,6 +213,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
             name="position_embeddings",
             shape=(self.max_length, inputs_shape[-1]),
             initializer=clone_initializer(self.initializer),
+            trainable=self.table_trainable,
         )
         self.built = True
 
@@ -234,8 +237,6 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         return config
 
 
-
-
 def _check_length(inputs, max_length):
     """Raises if the static length exceeds `max_length`; a symbolic length passes.
 
@@ -249,6 +250,14 @@ def _check_length(inputs, max_length):
             f"Sequence length {length} exceeds max_length={max_length}. "
             f"Received: inputs.shape={tuple(inputs.shape)}"
         )
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PaperSinusoids(keras.initializers.Initializer):
+    """Initializes a `[positions, width]` table with the paper's interleaved sinusoids."""
+
+    def __call__(self, shape, dtype=None):
+        return sinusoidal_table(ops.arange(shape[0]), shape[1], dtype=dtype or "float32")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -276,20 +285,13 @@ class FixedPositionEmbedding(LearnedPositionEmbedding):
     0.8415
     """
 
-    def build(self, inputs_shape):
-        # The table starts as the paper's sinusoids, whatever `initializer` says.
-        width = inputs_shape[-1]
+    # Non-trainable, so `fit` never changes a loaded table.
+    table_trainable = False
 
-        def paper_sinusoids(shape, dtype=None):
-            return sinusoidal_table(ops.arange(shape[0]), shape[1], dtype=dtype or "float32")
-
-        self.position_embeddings = self.add_weight(
-            name="position_embeddings",
-            shape=(self.max_length, width),
-            initializer=paper_sinusoids,
-            trainable=False,
-        )
-        self.built = True
+    def __init__(self, max_length, **kwargs):
+        # A seedless initializer: a seeded default (glorot) would draw from the global
+        # seed at construction and shift every weight initialized after this layer.
+        super().__init__(max_length, initializer=PaperSinusoids(), **kwargs)
 
     def get_config(self):
         config = super().get_config()
