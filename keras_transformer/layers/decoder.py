@@ -29,6 +29,10 @@ class DecoderBlock(ResidualBlock):
         encoder_outputs: `[B, S, D]` encoder output.
         decoder_padding_mask: optional boolean `[B, T]`, True on real target tokens.
         encoder_padding_mask: optional boolean `[B, S]`, True on real source tokens.
+        self_attention_mask: optional boolean `[B, T, T]`, ANDed with the causal and
+            padding masks (packed rows: `masks.segment_mask`).
+        cross_attention_mask: optional boolean `[B, T, S]`, ANDed with
+            `encoder_padding_mask`.
         self_attention_cache: optional `[B, 2, T_max, N, H]`.
         self_attention_cache_update_index: optional int scalar.
         cross_attention_cache: optional `[B, 2, S, N, H]`.
@@ -77,6 +81,8 @@ class DecoderBlock(ResidualBlock):
         encoder_outputs,
         decoder_padding_mask=None,
         encoder_padding_mask=None,
+        self_attention_mask=None,
+        cross_attention_mask=None,
         self_attention_cache=None,
         self_attention_cache_update_index=None,
         cross_attention_cache=None,
@@ -94,8 +100,10 @@ class DecoderBlock(ResidualBlock):
                 offset=self_attention_cache_update_index,
                 key_length=keras.ops.shape(self_attention_cache)[2],
             )
-        cross_mask = (
-            None if encoder_padding_mask is None else masks.key_padding_mask(encoder_padding_mask)
+        self_mask = masks.merge_masks(self_mask, self_attention_mask)
+        cross_mask = masks.merge_masks(
+            None if encoder_padding_mask is None else masks.key_padding_mask(encoder_padding_mask),
+            cross_attention_mask,
         )
         x, self_scores, new_cache = self._attention_sublayer(
             inputs,

@@ -124,19 +124,19 @@ class TokenEmbedding(keras.layers.Layer):
 
 
 def sinusoidal_table(positions, width, dtype="float32"):
-    """`PE(pos, 2i) = sin(pos / 10000^(2i/d))`, `PE(pos, 2i+1) = cos(...)` for `[T]` positions.
+    """`PE(pos, 2i) = sin(pos / 10000^(2i/d))`, `PE(pos, 2i+1) = cos(...)`: `[..., T]` -> `[..., T, D]`.
 
     Interleaved as in the paper (sin on even channels, cos on odd), not the
     concatenated [sin..., cos...] layout some libraries use.
     """
-    positions = ops.cast(positions, "float32")[:, None]  # [T, 1]
+    positions = ops.expand_dims(ops.cast(positions, "float32"), axis=-1)  # [..., T, 1]
     pair_index = ops.arange(width, dtype="int32") // 2  # i of channel 2i and 2i+1
     inverse_wavelength = ops.power(
         SINUSOID_BASE, -2.0 * ops.cast(pair_index, "float32") / float(width)
     )  # [D]
-    angles = positions * inverse_wavelength[None, :]  # [T, D]
+    angles = positions * inverse_wavelength  # [..., T, D]
     is_even = ops.equal(ops.arange(width, dtype="int32") % 2, 0)
-    table = ops.where(is_even[None, :], ops.sin(angles), ops.cos(angles))
+    table = ops.where(is_even, ops.sin(angles), ops.cos(angles))
     return ops.cast(table, dtype)
 
 
@@ -155,6 +155,8 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, D]` embeddings.
         start_index: int scalar, the position of the first token. Defaults to 0.
+        positions: optional int `[B, T]`, the position of each token, for rows of
+            packed pairs whose positions restart per pair; replaces `start_index`.
 
     Example:
     >>> pos = SinusoidalPositionEncoding(max_length=16)
@@ -168,11 +170,10 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.max_length = max_length
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         _check_length(inputs, self.max_length)
-        length, width = ops.shape(inputs)[-2], inputs.shape[-1]
-        positions = ops.arange(length, dtype="int32") + ops.cast(start_index, "int32")
-        table = sinusoidal_table(positions, width, dtype=self.compute_dtype)
+        positions = _positions(inputs, start_index, positions)
+        table = sinusoidal_table(positions, inputs.shape[-1], dtype=self.compute_dtype)
         return ops.broadcast_to(table, ops.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):
@@ -198,6 +199,8 @@ class LearnedPositionEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, D]` embeddings.
         start_index: int scalar, the position of the first token. Defaults to 0.
+        positions: optional int `[B, T]`, the position of each token, for rows of
+            packed pairs whose positions restart per pair; replaces `start_index`.
     """
 
     table_trainable = True
@@ -217,9 +220,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         _check_length(inputs, self.max_length)
-        positions = ops.arange(ops.shape(inputs)[-2], dtype="int32") + ops.cast(start_index, "int32")
+        positions = _positions(inputs, start_index, positions)
         table = ops.take(self.position_embeddings, positions, axis=0)
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
 
@@ -235,6 +238,13 @@ class LearnedPositionEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _positions(inputs, start_index, positions):
+    """`positions` when given (packed rows), else `start_index, start_index + 1, ...` `[T]`."""
+    if positions is not None:
+        return ops.cast(positions, "int32")
+    return ops.arange(ops.shape(inputs)[-2], dtype="int32") + ops.cast(start_index, "int32")
 
 
 def _check_length(inputs, max_length):
@@ -278,6 +288,8 @@ class FixedPositionEmbedding(LearnedPositionEmbedding):
     Call arguments:
         inputs: `[B, T, D]` embeddings.
         start_index: int scalar, the position of the first token. Defaults to 0.
+        positions: optional int `[B, T]`, the position of each token, for rows of
+            packed pairs whose positions restart per pair; replaces `start_index`.
 
     Example:
     >>> pos = FixedPositionEmbedding(max_length=16)

@@ -22,6 +22,8 @@ class EncoderBlock(ResidualBlock):
     Call arguments:
         inputs: `[B, S, D]` source representations.
         padding_mask: optional boolean `[B, S]`, True on real tokens.
+        attention_mask: optional boolean `[B, S, S]`, True where a query may attend a
+            key (packed rows: `masks.segment_mask`); ANDed with `padding_mask`.
         return_attention_scores: bool. Also return `[B, N, S, S]` probabilities.
         training: bool.
 
@@ -49,8 +51,11 @@ class EncoderBlock(ResidualBlock):
         self._build_feed_forward(inputs_shape)
         self.built = True
 
-    def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
-        attention_mask = None if padding_mask is None else masks.key_padding_mask(padding_mask)
+    def call(
+        self, inputs, padding_mask=None, attention_mask=None, return_attention_scores=False, training=None
+    ):
+        keys = None if padding_mask is None else masks.key_padding_mask(padding_mask)
+        attention_mask = masks.merge_masks(keys, attention_mask)
         x, scores, _ = self._attention_sublayer(
             inputs,
             self.self_attention,

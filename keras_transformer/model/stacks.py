@@ -34,10 +34,10 @@ class _Stack:
         self.blocks = list(blocks)
         self.final_norm = final_norm
 
-    def embed(self, token_ids, start_index=0, training=None):
-        """Token embeddings plus positions from `start_index`, then dropout (3.4, 3.5, 5.4)."""
+    def embed(self, token_ids, start_index=0, training=None, positions=None):
+        """Token embeddings plus positions from `start_index` (or `positions`), then dropout (3.4, 3.5, 5.4)."""
         x = self.token_embedding(token_ids)
-        x = x + self.position_encoding(x, start_index=start_index)
+        x = x + self.position_encoding(x, start_index=start_index, positions=positions)
         return self.embedding_dropout(x, training=training)
 
     def normalize(self, x):
@@ -50,17 +50,23 @@ class EncoderStack(_Stack):
 
     Calling it with source ids `[B, S]` returns `(outputs [B, S, D], padding_mask [B, S])`,
     the mask derived from the ids (pad id 0); with `return_attention_scores`, also a
-    list of `[B, N, S, S]` probabilities per block.
+    list of `[B, N, S, S]` probabilities per block. For rows of packed pairs, pass
+    `segment_ids` and `positions` (`[B, S]`, see `keras_transformer.data.packing`): a
+    token then attends only to its own pair, whose positions restart at 0.
     """
 
-    def __call__(self, token_ids, training=None, return_attention_scores=False):
+    def __call__(
+        self, token_ids, training=None, return_attention_scores=False, segment_ids=None, positions=None
+    ):
         padding_mask = masks.padding_mask(token_ids)
-        x = self.embed(token_ids, training=training)
+        attention_mask = None if segment_ids is None else masks.segment_mask(segment_ids, segment_ids)
+        x = self.embed(token_ids, training=training, positions=positions)
         all_scores = []
         for block in self.blocks:
             x = block(
                 x,
                 padding_mask=padding_mask,
+                attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
                 training=training,
             )
@@ -78,7 +84,9 @@ class DecoderStack(_Stack):
 
     Calling it runs the teacher-forced pass over target ids `[B, T]` and returns float32
     logits `[B, T, V]` (with `return_attention_scores`, also a list of the blocks' score
-    dicts); `step` decodes one position through the key/value caches.
+    dicts); `step` decodes one position through the key/value caches. For rows of packed
+    pairs, pass `segment_ids` and `positions` (`[B, T]`) and `encoder_segment_ids`
+    (`[B, S]`): self- and cross-attention then stay within each pair.
 
     Args:
         output_projection: the pre-softmax `Dense` layer, or None to reuse the token
@@ -104,9 +112,16 @@ class DecoderStack(_Stack):
         encoder_padding_mask,
         training=None,
         return_attention_scores=False,
+        segment_ids=None,
+        positions=None,
+        encoder_segment_ids=None,
     ):
         decoder_padding_mask = masks.padding_mask(token_ids)
-        x = self.embed(token_ids, training=training)
+        self_mask = cross_mask = None
+        if segment_ids is not None:
+            self_mask = masks.segment_mask(segment_ids, segment_ids)
+            cross_mask = masks.segment_mask(segment_ids, encoder_segment_ids)
+        x = self.embed(token_ids, training=training, positions=positions)
         all_scores = []
         for block in self.blocks:
             x = block(
@@ -114,6 +129,8 @@ class DecoderStack(_Stack):
                 encoder_outputs,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
+                self_attention_mask=self_mask,
+                cross_attention_mask=cross_mask,
                 return_attention_scores=return_attention_scores,
                 training=training,
             )

@@ -12,6 +12,14 @@ from keras_transformer import checks
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.model.stacks import build_stacks
 
+PACKING_INPUTS = (
+    "encoder_segment_ids",
+    "decoder_segment_ids",
+    "encoder_positions",
+    "decoder_positions",
+)
+"""The extra inputs of a batch of packed rows (`make_dataset(..., packing=True)`)."""
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Transformer(keras.Model):
@@ -20,6 +28,13 @@ class Transformer(keras.Model):
     Inputs are a dict `{"encoder_inputs": int32 [B, S], "decoder_inputs": int32 [B, T]}`
     with pad id 0; the output is float32 logits `[B, T, vocab_size]`. Padding masks are
     derived from the ids, so callers never pass masks.
+
+    Rows of packed pairs (`make_dataset(..., packing=True)`, several sentence pairs end
+    to end in one row) add the four `PACKING_INPUTS`, int32 like the ids:
+    `encoder_segment_ids` / `decoder_segment_ids` number the pairs of a row 1, 2, ...
+    (0 on padding) and `encoder_positions` / `decoder_positions` restart at 0 for each
+    pair. Every attention then stays within a pair, so each pair's logits are those it
+    would get alone.
 
     Besides the functional graph used by `fit`/`predict`, the model exposes the pieces
     that decoding needs, built from the very same layer objects: `encode`,
@@ -81,7 +96,34 @@ class Transformer(keras.Model):
             for key in ("encoder_inputs", "decoder_inputs"):
                 if key in inputs and checks.is_concrete(inputs[key]):
                     check_token_ids(inputs[key], self.config.vocab_size, name=key)
+            if any(key in inputs for key in PACKING_INPUTS):
+                return self._call_packed(inputs, training)
         return super().call(inputs, training=training, mask=mask)
+
+    def _call_packed(self, inputs, training):
+        """The forward pass over rows of packed pairs: the stacks, run with segments."""
+        missing = [key for key in ("encoder_inputs", "decoder_inputs") + PACKING_INPUTS if key not in inputs]
+        if missing:
+            raise ValueError(
+                f"A packed batch needs encoder_inputs, decoder_inputs and all of {list(PACKING_INPUTS)}. "
+                f"Missing: {missing}. Received keys: {sorted(inputs)}"
+            )
+        ids = {key: ops.cast(value, "int32") for key, value in inputs.items()}
+        encoder_outputs, encoder_mask = self.encoder_stack(
+            ids["encoder_inputs"],
+            training=training,
+            segment_ids=ids["encoder_segment_ids"],
+            positions=ids["encoder_positions"],
+        )
+        return self.decoder_stack(
+            ids["decoder_inputs"],
+            encoder_outputs,
+            encoder_mask,
+            training=training,
+            segment_ids=ids["decoder_segment_ids"],
+            positions=ids["decoder_positions"],
+            encoder_segment_ids=ids["encoder_segment_ids"],
+        )
 
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit`, with `shuffle` defaulting to False for datasets.
