@@ -34,6 +34,7 @@ from keras_transformer.train.config import TrainingConfig  # noqa: E402
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy  # noqa: E402
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: E402
 from keras_transformer.train.budget_schedule import BudgetSchedule  # noqa: E402
+from keras_transformer.train.budget_estimate import StepBudgetEstimator  # noqa: E402
 from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
 __version__ = "0.3.0"
@@ -77,6 +78,7 @@ __all__ = [
     "compile_transformer",
     "TransformerSchedule",
     "BudgetSchedule",
+    "StepBudgetEstimator",
     "LabelSmoothedCrossEntropy",
     "MaskedAccuracy",
     "Perplexity",

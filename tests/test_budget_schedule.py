@@ -111,7 +111,6 @@ def test_training_config_decay_picks_the_schedule():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(decay="cosine"), "`total_steps` .* is needed. Received: total_steps=None"),
         (dict(decay="cosine", total_steps=100, warmup_steps=100), "greater than `warmup_steps`"),
         (dict(decay="step"), "decay"),
         (dict(total_steps=-5), "total_steps"),
@@ -120,3 +119,14 @@ def test_training_config_decay_picks_the_schedule():
 def test_training_config_refuses_a_budget_it_cannot_end(changes, message):
     with pytest.raises(ValueError, match=message):
         kt.TrainingConfig(**changes)
+
+
+def test_a_budgeted_decay_without_total_steps_is_refused_where_it_is_compiled():
+    # The config alone cannot tell: a run config with max_train_seconds estimates the
+    # total (tests/test_budget_estimate.py); make_schedule refuses it without the opt-in.
+    from keras_transformer.train.compile import make_schedule
+
+    config = kt.TrainingConfig(decay="cosine")
+    assert config.total_steps is None
+    with pytest.raises(ValueError, match=r"decay='cosine' .* needs `total_steps` .* Received: total_steps=None"):
+        make_schedule(64, config)

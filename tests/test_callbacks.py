@@ -123,6 +123,78 @@ def test_keep_last_checkpoints_deletes_older_files(tmp_path):
         KeepLastCheckpoints(str(directory), keep=0)
 
 
+class _RecordWeights(keras.callbacks.Callback):
+    """The weights after every batch, in order (placed before the checkpoint callback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.after_batch = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.after_batch.append([np.array(w) for w in self.model.get_weights()])
+
+
+def _fit_with_step_checkpoints(directory, keeper, accumulation=None, steps_per_execution=1):
+    """3 epochs x 3 batches of one sample: SGD moves the weights at every update."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=accumulation)
+    model.compile(optimizer=optimizer, loss="mse", steps_per_execution=steps_per_execution)
+    x = np.array([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]], "float32")
+    y = np.array([[1.0], [-2.0], [4.0]], "float32")
+    recorder = _RecordWeights()
+    model.fit(x, y, batch_size=1, epochs=3, verbose=0, shuffle=False, callbacks=[recorder, keeper])
+    return model, recorder.after_batch
+
+
+def test_step_checkpoints_keep_the_last_k_and_average_to_their_weights(tmp_path):
+    from keras_transformer.train.checkpoints import average_checkpoints, latest_checkpoints
+
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    # Left by a killed process after steps this run trains again: deleted when fit starts.
+    (directory / "step_0000050.weights.h5").write_text("a lost step")
+    (directory / "notes.txt").write_text("not a checkpoint")
+    keeper = KeepLastCheckpoints(str(directory), keep=3, every_steps=2)
+    model, after_batch = _fit_with_step_checkpoints(directory, keeper)
+    # 9 updates: checkpoints at 2, 4, 6, 8 (across epoch ends), the newest 3 kept.
+    assert sorted(os.listdir(directory)) == [
+        "notes.txt", "step_0000004.weights.h5", "step_0000006.weights.h5", "step_0000008.weights.h5"]
+    paths = latest_checkpoints(directory, 3)
+    average_checkpoints(model, paths)
+    for i, averaged in enumerate(model.get_weights()):
+        expected = np.mean([after_batch[step - 1][i] for step in (4, 6, 8)], axis=0)
+        np.testing.assert_allclose(averaged, expected, rtol=1e-6)
+    assert not np.allclose(after_batch[3][0], after_batch[7][0])  # the three differ: a real mean
+    with pytest.raises(ValueError, match=r"`every_steps` must be an integer >= 0. Received: every_steps=-1"):
+        KeepLastCheckpoints(str(directory), every_steps=-1)
+
+
+def test_step_checkpoints_count_updates_with_gradient_accumulation(tmp_path):
+    directory = tmp_path / "checkpoints"
+    keeper = KeepLastCheckpoints(str(directory), keep=5, every_steps=2)
+    _, after_batch = _fit_with_step_checkpoints(directory, keeper, accumulation=2)
+    # 9 batches, 2 per update: updates at batches 2, 4, 6, 8 (the accumulator carries
+    # over epoch ends); update 2 is batch 4 (epoch 2), update 4 is batch 8 (epoch 3).
+    assert sorted(os.listdir(directory)) == ["step_0000002.weights.h5", "step_0000004.weights.h5"]
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    for name, batch in (("step_0000002.weights.h5", 4), ("step_0000004.weights.h5", 8)):
+        model.load_weights(str(directory / name))
+        for saved, expected in zip(model.get_weights(), after_batch[batch - 1]):
+            np.testing.assert_array_equal(saved, expected)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch", reason="Keras allows steps_per_execution > 1 on TF and JAX only"
+)
+def test_step_checkpoints_with_several_steps_per_call_are_named_by_the_step_reached(tmp_path):
+    directory = tmp_path / "checkpoints"
+    keeper = KeepLastCheckpoints(str(directory), keep=5, every_steps=2)
+    _fit_with_step_checkpoints(directory, keeper, steps_per_execution=2)
+    # Calls of 2, 1 batches per epoch end at steps 2, 3 | 5, 6 | 8, 9: step 4 is seen at 5.
+    assert sorted(os.listdir(directory)) == [
+        "step_0000002.weights.h5", "step_0000005.weights.h5", "step_0000006.weights.h5", "step_0000008.weights.h5"]
+
+
 def test_time_budget_stops_after_the_batch_that_spends_it():
     seen = []
     recorder = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
@@ -209,6 +281,9 @@ def test_default_callbacks_order_and_files(tmp_path):
     ]
     with pytest.raises(ValueError, match="`tokenizer` is required with `validation_pairs`"):
         default_callbacks(str(tmp_path), validation_pairs=PAIRS)
+    keepers = [c for c in default_callbacks(str(tmp_path), checkpoint_every_steps=500, tensorboard=False)
+               if isinstance(c, KeepLastCheckpoints)]
+    assert [(k.keep, k.every_steps) for k in keepers] == [(5, 500)]
 
 
 def test_a_nan_stop_names_the_likely_cause():

@@ -245,3 +245,19 @@ def test_fit_on_packed_batches(pairs, tokenizer):
     history = model.fit(dataset, epochs=2, verbose=0)
     losses = history.history["loss"]
     assert all(np.isfinite(losses)) and losses[1] < losses[0]
+
+
+def test_run_config_packing_packs_the_training_batches_only():
+    from keras_transformer.train.run import load_corpus, make_datasets
+    from keras_transformer.train.run_config import RunConfig
+
+    run_config = RunConfig(packing=True, demo_num_train=120, tokens_per_batch=128, vocab_size=64, model={"max_length": 32})
+    splits = load_corpus(run_config)
+    tokenizer = train_tokenizer([side for pair in splits["train"] for side in pair], 64)
+    config = run_config.model_config().replace(vocab_size=tokenizer.vocab_size)
+    datasets = make_datasets(run_config, config, splits, tokenizer)
+    inputs, labels = next(iter(datasets.train))
+    assert set(inputs) == set(PACKED_FEATURES) and tuple(labels.shape) == (4, 32)  # 128 // 32 rows
+    assert datasets.train_stats.packed_rows > 0
+    inputs, _ = next(iter(datasets.validation))
+    assert set(inputs) == {"encoder_inputs", "decoder_inputs"}

@@ -134,6 +134,9 @@ def test_bad_values_are_errors_naming_the_field(toml_path):
         RunConfig(corpus="files")
     with pytest.raises(ValueError, match="`epochs` must be of type int. Received: epochs=2.5"):
         RunConfig(epochs=2.5)
+    message = "`checkpoint_every_steps` must be an integer >= 0. Received: checkpoint_every_steps=-1"
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_toml(toml_path, ["checkpoint_every_steps=-1"])
 
 
 def test_to_toml_round_trips_with_the_resolved_model(toml_path, tmp_path):

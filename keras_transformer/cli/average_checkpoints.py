@@ -21,7 +21,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="kt-average-checkpoints",
         description="Average the weights of the newest K checkpoints "
-        "(MODEL_DIR/checkpoints/epoch_NNN.weights.h5) into a new model directory "
+        "(MODEL_DIR/checkpoints/epoch_NNN.weights.h5, or step_NNNNNNN.weights.h5 with "
+        "checkpoint_every_steps) into a new model directory "
         "(model.keras, tokenizer.model, config.toml), as the paper does with the last 5 "
         "(base) or 20 (big) checkpoints.",
     )

@@ -23,6 +23,9 @@ DECAYS = ("cosine", "linear", "rsqrt_cooldown")
 # The share of the budget the "rsqrt_cooldown" tail spends cooling down (Hägele et al.,
 # 2024, find 10-20% enough to match a cosine schedule).
 COOLDOWN_FRACTION = 0.2
+# The total of a schedule whose total is estimated during fit (StepBudgetEstimator)
+# until the first estimate replaces it: far beyond any run, so the decay has not begun.
+PROVISIONAL_TOTAL_STEPS = 1_000_000_000
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -44,7 +47,16 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
       (under `"rsqrt_cooldown"`, `final_fraction` times the paper's value there).
 
     `T` must exceed `W`. Use it when the number of updates is known: in a run config,
-    `[training] decay = "cosine"` with `total_steps` (`TrainingConfig`).
+    `[training] decay = "cosine"` with `total_steps` (`TrainingConfig`). When only the
+    wall-clock budget is known (`max_train_seconds` with no `total_steps`), `T` is
+    estimated during `fit`: the schedule starts with a provisional
+    `PROVISIONAL_TOTAL_STEPS` (the warmup does not depend on `T`), and a
+    `StepBudgetEstimator` callback measures the seconds per update over the first
+    `min(50, W // 2)` updates (at least 2; the first step, which compiles, is left out),
+    sets `T` to the updates done plus the remaining seconds over the seconds per update
+    (at least `W + 1`), and estimates once more from the whole first epoch (validation
+    and callbacks included). `T` is a Python number baked into compiled steps, so the
+    callback rebuilds the train function each time it changes it.
 
     Args:
         d_model: int, the model width (the peak scales as `d_model^-0.5`, as in eq. 3).
@@ -142,4 +154,4 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-__all__ = ["BudgetSchedule", "DECAYS", "COOLDOWN_FRACTION"]
+__all__ = ["BudgetSchedule", "DECAYS", "COOLDOWN_FRACTION", "PROVISIONAL_TOTAL_STEPS"]

@@ -18,7 +18,13 @@ import keras
 
 from keras_transformer.model import directory as model_directory
 from keras_transformer.atomic import atomic_path, save_weights_atomically, write_text_atomically
-from keras_transformer.train.checkpoints import prune_checkpoints, weights_are_finite
+from keras_transformer.train.accumulation import applied_updates
+from keras_transformer.train.checkpoints import (
+    STEP_CHECKPOINT_PATTERN,
+    prune_checkpoints,
+    remove_step_checkpoints_after,
+    weights_are_finite,
+)
 from keras_transformer import checks
 from keras_transformer.inference.decoding import BEAM_SIZE
 from keras_transformer.inference.evaluation import score_translations
@@ -102,7 +108,7 @@ class TimeBudget(keras.callbacks.Callback):
 
 
 class KeepLastCheckpoints(keras.callbacks.Callback):
-    """Saves the weights every epoch and deletes all but the newest `keep` files.
+    """Saves the weights every epoch (or every N updates) and deletes all but the newest `keep` files.
 
     Keras' `ModelCheckpoint` never deletes and writes in place; the paper averages the
     last 5 (base) or 20 (big) checkpoints (section 6.1), so only those are kept, and
@@ -112,28 +118,90 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
     is always the last good one. Files are `directory/epoch_001.weights.h5`, ...
     (1-based epochs).
 
+    With `every_steps` N > 0, a checkpoint is written instead whenever the optimizer's
+    update count (`optimizer.iterations`: with gradient accumulation, updates, not
+    batches) reaches a multiple of N, named by that count:
+    `directory/step_0000500.weights.h5`, ... (zero-padded, so the names sort as the
+    steps do; `latest_checkpoints` orders by the number). Checked after each call of the
+    train function, so with `steps_per_execution` k the count may have passed the
+    multiple by up to k - 1 updates, and the name says the count it was saved at. The
+    paper's checkpoints were 10 minutes apart: with a few long epochs, per-epoch
+    checkpoints span much more of the run than the last minutes. When `fit` starts from
+    an earlier step (a run resumed from its last epoch's backup), step checkpoints beyond
+    that step, written by the killed process after the backup, are deleted: they belong
+    to steps that are trained again.
+
     Args:
         directory: str, where the files go (created if needed).
         keep: int >= 1, how many of the newest files to keep.
+        every_steps: int >= 0, updates between checkpoints; 0 (default): one per epoch.
+
+    Raises:
+        ValueError: `keep` < 1 or `every_steps` < 0, naming the value.
+
+    Example:
+
+    ```python
+    keeper = KeepLastCheckpoints("run/checkpoints", keep=5, every_steps=500)
+    model.fit(batches, epochs=10, callbacks=[keeper])  # step_0000500.weights.h5, ...
+    ```
     """
 
-    def __init__(self, directory, keep=5):
+    def __init__(self, directory, keep=5, every_steps=0):
         super().__init__()
         checks.check_positive_int("keep", keep)
+        checks.check_non_negative_int("every_steps", every_steps)
         self.directory = directory
         self.keep = keep
+        self.every_steps = every_steps
+        self._fit_started = False
+
+    def on_train_begin(self, logs=None):
+        self._fit_started = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self.every_steps:
+            return
+        # The model's state is in place at an epoch's start on every backend (on JAX,
+        # reading it mid-epoch syncs it): read the update count here, and mid-epoch only
+        # when a multiple of every_steps may have been reached.
+        optimizer = self.model.optimizer
+        self._updates_at_epoch_start = applied_updates(optimizer)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        self._accumulation = inner.gradient_accumulation_steps or 1
+        self._next_checkpoint = (self._updates_at_epoch_start // self.every_steps + 1) * self.every_steps
+        if self._fit_started:
+            self._fit_started = False
+            remove_step_checkpoints_after(self.directory, self._updates_at_epoch_start)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.every_steps:
+            return
+        # The most updates `batch + 1` batches can have made this epoch (the accumulator
+        # may have been part-full at its start); the exact count is read only beyond it.
+        most = self._updates_at_epoch_start + (self._accumulation + batch) // self._accumulation
+        if most < self._next_checkpoint:
+            return
+        updates = applied_updates(self.model.optimizer)
+        if updates < self._next_checkpoint:
+            return
+        self._next_checkpoint = (updates // self.every_steps + 1) * self.every_steps
+        self._save(STEP_CHECKPOINT_PATTERN.format(step=updates), logs, f"Step {updates}")
 
     def on_epoch_end(self, epoch, logs=None):
+        if not self.every_steps:
+            self._save(model_directory.CHECKPOINT_PATTERN.format(epoch=epoch + 1), logs, f"Epoch {epoch + 1}")
+
+    def _save(self, name, logs, what):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            warnings.warn(f"Epoch {epoch + 1} ended with loss={loss}; its weights are not checkpointed.")
+            warnings.warn(f"{what} ended with loss={loss}; its weights are not checkpointed.")
             return
         if not weights_are_finite(self.model):
-            warnings.warn(f"Epoch {epoch + 1} ended with non-finite weights; they are not checkpointed.")
+            warnings.warn(f"{what} ended with non-finite weights; they are not checkpointed.")
             return
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, model_directory.CHECKPOINT_PATTERN.format(epoch=epoch + 1))
-        save_weights_atomically(self.model, path)
+        save_weights_atomically(self.model, os.path.join(self.directory, name))
         prune_checkpoints(self.directory, self.keep)
 
 
@@ -455,6 +523,7 @@ def default_callbacks(
     model_dir,
     *,
     keep_checkpoints=5,
+    checkpoint_every_steps=0,
     validation_pairs=None,
     tokenizer=None,
     bleu_every_epochs=1,
@@ -472,7 +541,8 @@ def default_callbacks(
     In order: `TimeBudget` (if `max_train_seconds`), `StopOnNaN` (Keras' `TerminateOnNaN`),
     `LearningRateLogger`, `BleuCallback` and `SampleTranslations` (if validation pairs
     and a tokenizer are given, and their counts are > 0), `KeepLastCheckpoints`
-    (`checkpoints/epoch_NNN.weights.h5`, the last `keep_checkpoints`; none if 0),
+    (`checkpoints/epoch_NNN.weights.h5`, or `step_NNNNNNN.weights.h5` every
+    `checkpoint_every_steps` updates; the last `keep_checkpoints`; none if 0),
     `ResumableEarlyStopping` (if `early_stopping_patience` > 0; its state in `backup/`,
     so checkpoints and backups hold each epoch's own weights and the best are set only
     when training ends), `BackupAndRestore` (`backup/`: a killed run, started again with the same
@@ -483,6 +553,8 @@ def default_callbacks(
     Args:
         model_dir: str, the run's directory (see `keras_transformer.model.directory`).
         keep_checkpoints: int >= 0. Default 5 (the paper averages the last 5).
+        checkpoint_every_steps: int >= 0, optimizer updates between checkpoints; 0
+            (default): one per epoch.
         validation_pairs: optional list of `(source, reference)` pairs for BLEU/samples.
         tokenizer: optional `SubwordTokenizer`, needed with `validation_pairs`.
         bleu_every_epochs: int >= 0; 0 disables the BLEU callback. Default 1.
@@ -548,7 +620,9 @@ def default_callbacks(
     if keep_checkpoints:
         callbacks.append(
             KeepLastCheckpoints(
-                os.path.join(model_dir, model_directory.CHECKPOINT_DIR), keep=keep_checkpoints
+                os.path.join(model_dir, model_directory.CHECKPOINT_DIR),
+                keep=keep_checkpoints,
+                every_steps=checkpoint_every_steps,
             )
         )
     backup_dir = os.path.join(model_dir, model_directory.BACKUP_DIR)

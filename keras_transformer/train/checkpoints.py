@@ -3,7 +3,10 @@
 "For the base models, we used a single model obtained by averaging the last 5
 checkpoints, which were written at 10-minute intervals. For the big models, we
 averaged the last 20 checkpoints." Here checkpoints are the `.weights.h5` files that
-`KeepLastCheckpoints` writes each epoch (`epoch_001.weights.h5`, ...).
+`KeepLastCheckpoints` writes each epoch (`epoch_001.weights.h5`, ...) or, with
+`every_steps` N (a run config's `checkpoint_every_steps`), every N optimizer updates
+(`step_0000500.weights.h5`, ...), so that the last few span the last minutes of a run
+rather than its last epochs.
 """
 
 import os
@@ -20,6 +23,10 @@ from keras_transformer.atomic import save_model_atomically, write_directory_atom
 CHECKPOINTS_TO_AVERAGE = 5
 
 _NUMBERED_WEIGHTS = re.compile(r"(\d+)\.weights\.h5$")
+# The checkpoints written every N updates, named by the update count (zero-padded so that
+# a listing sorts them too; `latest_checkpoints` orders by the number whatever its width).
+STEP_CHECKPOINT_PATTERN = "step_{step:07d}.weights.h5"
+_STEP_WEIGHTS = re.compile(r"step_(\d+)\.weights\.h5")
 
 
 def latest_checkpoints(directory, k=CHECKPOINTS_TO_AVERAGE):
@@ -71,6 +78,42 @@ def prune_checkpoints(directory, keep):
     for path in doomed:
         os.remove(path)
     return doomed
+
+
+def remove_step_checkpoints_after(directory, step):
+    """Deletes the `step_NNNNNNN.weights.h5` files of `directory` numbered above `step`.
+
+    A run resumed from its last epoch's backup trains again the steps its killed process
+    made after that backup; their checkpoints are of a lost past, and newer by number
+    than the ones the resumed run writes, so they would be averaged in. Epoch
+    checkpoints are left alone (a resumed run rewrites the epoch it redoes).
+
+    Args:
+        directory: str or path-like; a missing directory holds nothing to delete.
+        step: int >= 0, the update count the run starts from.
+
+    Returns:
+        list of str, the deleted paths.
+
+    Example:
+
+    ```python
+    remove_step_checkpoints_after("saved_models/.run.staging/checkpoints", 1200)
+    # ['saved_models/.run.staging/checkpoints/step_0001300.weights.h5']
+    ```
+    """
+    checks.check_non_negative_int("step", step)
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        match = _STEP_WEIGHTS.fullmatch(name)
+        if match and int(match.group(1)) > step:
+            path = os.path.join(directory, name)
+            os.remove(path)
+            removed.append(path)
+    return removed
 
 
 def average_checkpoints(model, paths):
@@ -212,7 +255,8 @@ def save_final_model(model, path, checkpoint_dir):
     Args:
         model: the trained `keras.Model`.
         path: str, the `.keras` file to write.
-        checkpoint_dir: str, the directory of `epoch_NNN.weights.h5` checkpoints.
+        checkpoint_dir: str, the directory of `epoch_NNN.weights.h5` (or
+            `step_NNNNNNN.weights.h5`) checkpoints.
 
     Returns:
         `(saved, restored_from)`: whether `path` was written, and the checkpoint the
@@ -233,6 +277,8 @@ __all__ = [
     "CHECKPOINTS_TO_AVERAGE",
     "latest_checkpoints",
     "prune_checkpoints",
+    "remove_step_checkpoints_after",
+    "STEP_CHECKPOINT_PATTERN",
     "weights_are_finite",
     "save_final_model",
     "average_checkpoints",

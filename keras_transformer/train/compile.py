@@ -16,24 +16,37 @@ from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.precision import loss_scaled_optimizer
 from keras_transformer.train.config import TrainingConfig
-from keras_transformer.train.budget_schedule import BudgetSchedule
+from keras_transformer.train.budget_schedule import PROVISIONAL_TOTAL_STEPS, BudgetSchedule
 from keras_transformer.train.schedules import TransformerSchedule
 
 # What `model.compile(jit_compile=...)` takes: "auto" lets Keras pick XLA where it can.
 JIT_COMPILE_VALUES = ("auto", True, False)
 
 
-def make_schedule(d_model, training_config=None):
+def make_schedule(d_model, training_config=None, *, estimate_total_steps=False):
     """The learning-rate schedule of `training_config`: eq. 3, or eq. 3's warmup with a budget.
 
     `decay="rsqrt"` (the default) is the paper's `TransformerSchedule`; `"cosine"`,
     `"linear"` and `"rsqrt_cooldown"` give a `BudgetSchedule` with the same warmup and
-    peak that reaches zero at `training_config.total_steps` updates.
+    peak that reaches zero at `training_config.total_steps` updates. Without
+    `total_steps`, pass `estimate_total_steps=True` to say that a `StepBudgetEstimator`
+    callback will set it during `fit` from a time budget: the schedule then starts with
+    the provisional total `PROVISIONAL_TOTAL_STEPS`.
 
     Args:
         d_model: int, the model width the schedule scales with.
         training_config: `TrainingConfig`; reads `warmup_steps`, `learning_rate_scale`,
             `decay` and `total_steps`. None: the paper's.
+        estimate_total_steps: bool, whether the total of a budgeted decay without
+            `total_steps` is estimated during `fit` (`StepBudgetEstimator`). Default False.
+
+    Returns:
+        `TransformerSchedule` or `BudgetSchedule`.
+
+    Raises:
+        ValueError: a budgeted decay without `total_steps` and without
+            `estimate_total_steps`; `estimate_total_steps` with `decay="rsqrt"` (which
+            never ends) or with `total_steps` set (nothing to estimate).
 
     Example:
     >>> make_schedule(512).peak_learning_rate  # d_model 512, warmup 4000
@@ -41,22 +54,46 @@ def make_schedule(d_model, training_config=None):
     >>> cosine = make_schedule(512, kt.TrainingConfig(decay="cosine", total_steps=20000))
     >>> float(cosine(19999))  # the last update of the budget: the floor
     0.0
+    >>> make_schedule(512, kt.TrainingConfig(decay="cosine"), estimate_total_steps=True).total_steps
+    1000000000
     """
     training_config = _checked_training_config(training_config)
-    if training_config.decay == "rsqrt":
+    checks.check_bool("estimate_total_steps", estimate_total_steps)
+    decay, total_steps = training_config.decay, training_config.total_steps
+    if estimate_total_steps and decay == "rsqrt":
+        raise ValueError(
+            "estimate_total_steps=True estimates where a budgeted decay ends ('cosine', "
+            "'linear', 'rsqrt_cooldown'); decay='rsqrt' (eq. 3) never ends. Received: decay='rsqrt'"
+        )
+    if estimate_total_steps and total_steps is not None:
+        raise ValueError(
+            "estimate_total_steps=True estimates `total_steps`, which is already set: pass one "
+            f"or the other. Received: total_steps={total_steps}, estimate_total_steps=True"
+        )
+    if decay == "rsqrt":
         return TransformerSchedule(
             d_model, training_config.warmup_steps, scale=training_config.learning_rate_scale
         )
+    if total_steps is None and not estimate_total_steps:
+        raise ValueError(
+            f"decay={decay!r} brings the learning rate to its floor at the budget's last "
+            "update, so it needs `total_steps` (updates in the budget), or "
+            "estimate_total_steps=True with a StepBudgetEstimator callback that estimates it "
+            "from a time budget during fit (a run config does this with max_train_seconds). "
+            "Received: total_steps=None"
+        )
+    if total_steps is None:
+        total_steps = max(PROVISIONAL_TOTAL_STEPS, training_config.warmup_steps + 1)
     return BudgetSchedule(
         d_model,
-        training_config.total_steps,
+        total_steps,
         training_config.warmup_steps,
-        decay=training_config.decay,
+        decay=decay,
         scale=training_config.learning_rate_scale,
     )
 
 
-def make_optimizer(d_model, training_config=None):
+def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False):
     """Adam with the paper's betas and epsilon on the warmup schedule (section 5.3).
 
     `beta_1`, `beta_2` and `epsilon` are the training config's `adam_beta_1`,
@@ -72,6 +109,8 @@ def make_optimizer(d_model, training_config=None):
     Args:
         d_model: int, the model width.
         training_config: `TrainingConfig`, or None for the paper's.
+        estimate_total_steps: bool, passed to `make_schedule`: the total of a budgeted
+            decay is estimated during `fit` by a `StepBudgetEstimator`. Default False.
 
     Returns:
         `keras.optimizers.Adam`.
@@ -81,7 +120,7 @@ def make_optimizer(d_model, training_config=None):
     0.98
     """
     training_config = _checked_training_config(training_config)
-    schedule = make_schedule(d_model, training_config)
+    schedule = make_schedule(d_model, training_config, estimate_total_steps=estimate_total_steps)
     accumulation = keras_accumulation_steps(training_config.gradient_accumulation_steps)
     if accumulation:
         schedule = PerUpdateSchedule(schedule, accumulation)
@@ -102,6 +141,7 @@ def compile_transformer(
     jit_compile="auto",
     steps_per_execution=1,
     gradient_accumulation_steps=None,
+    estimate_total_steps=False,
 ):
     """Compiles `model` with the paper's optimizer, schedule, loss and metrics.
 
@@ -126,6 +166,10 @@ def compile_transformer(
             update; None (default) takes the training config's (1 unless set there).
             Given, it replaces the config's value. `fit` still counts batches (steps
             per epoch, the progress bar); `model.optimizer.iterations` counts updates.
+        estimate_total_steps: bool, for a budgeted decay (`"cosine"`, ...) without
+            `total_steps`: a `StepBudgetEstimator` in `fit`'s callbacks will estimate the
+            total from a time budget (`make_schedule`). Default False: such a config is
+            refused.
 
     Returns:
         The same `model`, compiled.
@@ -153,7 +197,8 @@ def compile_transformer(
     check_jit_compile_backend(jit_compile)
     checks.check_positive_int("steps_per_execution", steps_per_execution)
     # The layers compute in config.dtype_policy, or the global policy when it is None.
-    optimizer = loss_scaled_optimizer(make_optimizer(config.d_model, training_config), config)
+    optimizer = make_optimizer(config.d_model, training_config, estimate_total_steps=estimate_total_steps)
+    optimizer = loss_scaled_optimizer(optimizer, config)
     model.compile(
         optimizer=optimizer,
         loss=LabelSmoothedCrossEntropy(training_config.label_smoothing),

@@ -38,7 +38,10 @@ class TrainingConfig:
     # After the warmup: "rsqrt" is eq. 3's inverse square root, which never ends; "cosine",
     # "linear" and "rsqrt_cooldown" reach zero at `total_steps` updates (BudgetSchedule).
     decay: str = "rsqrt"
-    total_steps: typing.Optional[int] = None  # updates in the budget; needed by every decay but "rsqrt"
+    # Updates in the budget. Every decay but "rsqrt" needs it, or a time budget to estimate
+    # it from: make_schedule refuses None unless told the steps will be estimated
+    # (estimate_total_steps=True, which run_training passes with max_train_seconds).
+    total_steps: typing.Optional[int] = None
     adam_beta_1: float = 0.9  # (5.3)
     adam_beta_2: float = 0.98  # (5.3)
     adam_epsilon: float = 1e-9  # (5.3)
@@ -55,12 +58,9 @@ class TrainingConfig:
         checks.check_choice("decay", self.decay, SCHEDULE_DECAYS)
         if self.total_steps is not None:
             checks.check_positive_int("total_steps", self.total_steps)
-        if self.decay != "rsqrt" and self.total_steps is None:
-            raise ValueError(
-                f"decay={self.decay!r} ends the learning rate at the budget's last update, so "
-                "`total_steps` (updates in the budget) is needed. Received: total_steps=None"
-            )
-        if self.decay != "rsqrt" and self.total_steps <= self.warmup_steps:
+        # total_steps=None with a budgeted decay is refused by make_schedule (unless the
+        # steps are estimated from a time budget) and by RunConfig (without max_train_seconds).
+        if self.decay != "rsqrt" and self.total_steps is not None and self.total_steps <= self.warmup_steps:
             raise ValueError(
                 "`total_steps` must be greater than `warmup_steps`: the decay starts after the "
                 f"warmup. Received: total_steps={self.total_steps}, warmup_steps={self.warmup_steps}"

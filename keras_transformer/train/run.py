@@ -20,7 +20,8 @@ Then the run is written beside its target, in the hidden `output_dir/.name.stagi
 
 6. `stage_run`: `tokenizer.model` and `config.toml` (or, resuming, a check of the
    backup the kill left).
-7. `fit`: `model.fit` with the default callbacks (checkpoints, logs, time budget).
+7. `fit`: `model.fit` with the default callbacks (checkpoints, logs, time budget) and,
+   for a budgeted decay with a time budget but no `total_steps`, `StepBudgetEstimator`.
 8. `save_outputs`: `model.keras` (never with NaN weights) and the training-curve PNG.
 9. `finish_run`: `manifest.json` (the tokenizer's fingerprint), then the staging
    directory is renamed to `output_dir/name`, the earlier run moved aside in the same
@@ -46,6 +47,7 @@ import keras
 from keras_transformer import distribute
 from keras_transformer.model import directory as model_directory
 from keras_transformer.model.transformer import build_transformer
+from keras_transformer.train.budget_estimate import StepBudgetEstimator
 from keras_transformer.train.callbacks import ResumableEarlyStopping, TimeBudget, default_callbacks
 from keras_transformer.train.checkpoints import save_final_model
 from keras_transformer.train.compile import compile_transformer, make_schedule
@@ -80,9 +82,16 @@ class TrainingResult:
         stopped_by_time_budget: bool.
         stopped_early: bool, whether early stopping ended training.
         best_epoch: int, with early stopping on: the 1-based epoch whose weights the
-            model holds (its checkpoint is `checkpoints/epoch_NNN.weights.h5`); else None.
+            model holds (with per-epoch checkpoints, its checkpoint is
+            `checkpoints/epoch_NNN.weights.h5`); else None.
         steps_per_epoch: int, batches (Keras steps) in one epoch; an epoch applies
             `steps_per_epoch / gradient_accumulation_steps` updates.
+        estimated_total_steps: int, with a budgeted decay and no `total_steps` (the
+            steps estimated from `max_train_seconds`): the update at which the schedule
+            reaches its floor, after the last estimate; else None. Each estimate is also
+            printed, and the `schedule_total_steps` column of the CSV log holds the
+            total at each epoch's end.
+        seconds_per_step: float, the seconds per update that estimate used; else None.
     """
 
     model_dir: str
@@ -96,6 +105,8 @@ class TrainingResult:
     steps_per_epoch: int
     stopped_early: bool = False
     best_epoch: typing.Optional[int] = None
+    estimated_total_steps: typing.Optional[int] = None
+    seconds_per_step: typing.Optional[float] = None
 
 
 def run_training(run_config, *, print_fn=print):
@@ -146,7 +157,7 @@ def run_training(run_config, *, print_fn=print):
             model = build_and_compile(run_config, config)
             # Everything is checked: from here on the run writes, in plan.staging.
             stage_run(plan, run_config, config, tokenizer, print_fn)
-            callbacks = _run_callbacks(run_config, plan.staging, splits, tokenizer)
+            callbacks = _run_callbacks(run_config, plan.staging, splits, tokenizer, print_fn)
             tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(datasets.train_stats.num_batches, 1)
             _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
             history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
@@ -165,6 +176,7 @@ def run_training(run_config, *, print_fn=print):
     early = [c for c in callbacks if isinstance(c, ResumableEarlyStopping)]
     best_epoch = early[0].best_epoch + 1 if early and early[0].best is not None else None
     stopped_early = bool(early and early[0].stopped_epoch)
+    estimator = next((c for c in callbacks if isinstance(c, StepBudgetEstimator)), None)
     if best_epoch is not None:
         print_fn(
             ("stopped early: " if stopped_early else "")
@@ -187,6 +199,8 @@ def run_training(run_config, *, print_fn=print):
         steps_per_epoch=run_config.steps_per_epoch or datasets.train_stats.num_batches,
         stopped_early=stopped_early,
         best_epoch=best_epoch,
+        estimated_total_steps=estimator.estimated_total_steps if estimator else None,
+        seconds_per_step=estimator.seconds_per_step if estimator else None,
     )
 
 
@@ -252,7 +266,7 @@ class Datasets:
 
 
 def make_datasets(run_config, config, splits, tokenizer):
-    """Training and validation batches (token budget, padded to length buckets)."""
+    """Training and validation batches (token budget, padded to length buckets; training's packed with `packing`)."""
     from keras_transformer.data.pipeline import make_dataset
 
     batching = dict(
@@ -262,7 +276,12 @@ def make_datasets(run_config, config, splits, tokenizer):
         bucket_boundaries=run_config.bucket_boundaries(config.max_length),
     )
     train, train_stats = make_dataset(
-        splits["train"], tokenizer, seed=run_config.seed, repeat=bool(run_config.steps_per_epoch), **batching
+        splits["train"],
+        tokenizer,
+        seed=run_config.seed,
+        repeat=bool(run_config.steps_per_epoch),
+        packing=run_config.packing,
+        **batching,
     )
     validation = None
     if splits.get("validation"):
@@ -271,13 +290,18 @@ def make_datasets(run_config, config, splits, tokenizer):
 
 
 def build_and_compile(run_config, config):
-    """The model of `config`, compiled with the run's `[training]` recipe."""
+    """The model of `config`, compiled with the run's `[training]` recipe.
+
+    A budgeted decay without `total_steps` (`run_config.estimates_total_steps`) starts
+    with a provisional total, which the run's `StepBudgetEstimator` sets during `fit`.
+    """
     model = build_transformer(config)
     compile_transformer(
         model,
         run_config.training_config(),
         jit_compile=run_config.jit_compile,
         steps_per_execution=run_config.steps_per_execution,
+        estimate_total_steps=run_config.estimates_total_steps,
     )
     return model
 
@@ -356,10 +380,11 @@ class _StepCounter(keras.callbacks.Callback):
         self.steps = self._iterations() - self._start
 
 
-def _run_callbacks(run_config, model_dir, splits, tokenizer):
+def _run_callbacks(run_config, model_dir, splits, tokenizer, print_fn=print):
     callbacks = default_callbacks(
         model_dir,
         keep_checkpoints=run_config.keep_checkpoints,
+        checkpoint_every_steps=run_config.checkpoint_every_steps,
         validation_pairs=splits.get("validation") or None,
         tokenizer=tokenizer,
         bleu_every_epochs=run_config.bleu_every_epochs,
@@ -376,6 +401,16 @@ def _run_callbacks(run_config, model_dir, splits, tokenizer):
             # finish_run deletes backup/ once model.keras and the manifest are written:
             # a kill during the final save then resumes instead of starting again.
             callback.delete_checkpoint = False
+    if run_config.estimates_total_steps:
+        # Right after TimeBudget: both start their clocks as fit begins. Its estimate is
+        # kept in backup/, so that a resumed run starts from it (budget_estimate.py).
+        estimator = StepBudgetEstimator(
+            run_config.max_train_seconds,
+            state_dir=os.path.join(model_dir, model_directory.BACKUP_DIR),
+            print_fn=print_fn,
+        )
+        after = next(i for i, c in enumerate(callbacks) if isinstance(c, TimeBudget)) + 1
+        callbacks.insert(after, estimator)
     return callbacks
 
 
@@ -432,9 +467,16 @@ def _print_summary(print_fn, run_config, config, model, replicas, train_stats, t
             f"{steps_per_epoch / accumulation:g} updates per epoch); the schedule counts updates"
         )
     budget = f", at most {run_config.max_train_seconds:g} s" if run_config.max_train_seconds else ""
+    schedule = make_schedule(config.d_model, training, estimate_total_steps=run_config.estimates_total_steps)
+    if training.decay == "rsqrt":
+        decay = ""
+    elif run_config.estimates_total_steps:
+        decay = f"; {training.decay} decay to the floor at the end of the budget (steps estimated as it trains)"
+    else:
+        decay = f"; {training.decay} decay to the floor at step {training.total_steps:,}"
     print_fn(
         f"training: up to {run_config.epochs} epochs{budget}; peak learning rate "
-        f"{make_schedule(config.d_model, training).peak_learning_rate:.2e} at step {training.warmup_steps}"
+        f"{schedule.peak_learning_rate:.2e} at step {training.warmup_steps}{decay}"
     )
 
 

@@ -86,6 +86,9 @@ class RunConfig:
     # growing ~1.5x); N > 0 gives N, 2N, 3N, ... up to max_length: less padding, more
     # batch shapes (each one an XLA compilation when jit_compile is on).
     bucket_width: int = 0
+    # Several pairs per row of max_length tokens (make_dataset(packing=True)): almost no
+    # padding, longer rows; the buckets above are then not used. Training batches only.
+    packing: bool = False
 
     # Tokenizer: one sentencepiece vocabulary for both languages (section 5.1).
     vocab_size: int = 8000
@@ -110,6 +113,11 @@ class RunConfig:
     # stays as it was). An interrupted run of the same trained settings resumes.
     overwrite: bool = False
     keep_checkpoints: int = 5  # the paper averages the last 5 checkpoints (6.1)
+    # Optimizer updates between checkpoints (checkpoints/step_NNNNNNN.weights.h5); 0: one
+    # per epoch (epoch_NNN.weights.h5). The paper's were 10 minutes apart, so with a few
+    # long epochs the last keep_checkpoints span the last minutes, not half the run. Not
+    # changed on resuming: the checkpoints of one run are named one way.
+    checkpoint_every_steps: int = 0
     bleu_every_epochs: int = 1  # 0 disables the validation BLEU callback
     bleu_samples: int = 200
     sample_translations: int = 3  # sentences printed every bleu_every_epochs; 0: none
@@ -139,7 +147,7 @@ class RunConfig:
         for name in ("epochs", "vocab_size", "steps_per_execution", "bleu_samples",
                      "eval_batch_size", "tokens_per_batch"):
             checks.check_positive_int(name, getattr(self, name))
-        for name in ("steps_per_epoch", "keep_checkpoints", "bleu_every_epochs",
+        for name in ("steps_per_epoch", "keep_checkpoints", "checkpoint_every_steps", "bleu_every_epochs",
                      "sample_translations", "max_train_pairs", "bucket_width",
                      "tokenizer_max_sentences", "demo_num_train"):
             checks.check_non_negative_int(name, getattr(self, name))
@@ -165,7 +173,14 @@ class RunConfig:
                 f"not in [model]. Received: model.vocab_size={self.model['vocab_size']!r}"
             )
         model_config = self.model_config()  # validates the preset and the [model] overrides now
-        self.training_config()  # and the [training] table
+        training = self.training_config()  # and the [training] table
+        if training.decay != "rsqrt" and training.total_steps is None and not self.max_train_seconds:
+            raise ValueError(
+                f"[training] decay={training.decay!r} brings the learning rate to its floor at the "
+                "end of the budget: set `[training] total_steps` (updates), or `max_train_seconds` "
+                "(the updates that fit are then estimated from the measured step time). "
+                f"Received: total_steps=None, max_train_seconds={self.max_train_seconds:g}"
+            )
         # The pipeline's own check, now: make_dataset runs it only after the corpus is read.
         from keras_transformer.data.pipeline import check_batching_arguments  # TensorFlow
 
@@ -208,6 +223,17 @@ class RunConfig:
             )
         except ValueError as error:
             raise ValueError(f"[model]: {error}") from None
+
+    @property
+    def estimates_total_steps(self):
+        """Whether the run estimates `[training] total_steps` from `max_train_seconds`.
+
+        True for a budgeted decay (`"cosine"`, `"linear"`, `"rsqrt_cooldown"`) without
+        `total_steps`: `run_training` compiles the schedule with a provisional total and
+        adds a `StepBudgetEstimator` that sets it from the measured step time.
+        """
+        training = self.training_config()
+        return training.decay != "rsqrt" and training.total_steps is None and bool(self.max_train_seconds)
 
     def bucket_boundaries(self, max_length=None):
         """The padded lengths of the length buckets that `make_dataset` batches by.
