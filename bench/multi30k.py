@@ -187,6 +187,7 @@ def main(argv=None):
     )
     parser.add_argument("--output-dir", default=str(ROOT / "saved_models"), help="where the model directories go")
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "multi30k.json"), help="JSON to update")
+    parser.add_argument("--markdown", action="store_true", help="print the run table of --results and exit")
     args = parser.parse_args(argv)
 
     directions = [d for d in args.directions.split(",") if d]
@@ -205,6 +206,11 @@ def main(argv=None):
     payload = json.loads(results_path.read_text()) if results_path.is_file() else {}
     payload.setdefault("benchmark", "multi30k")
     payload.setdefault("directions", {})
+    # Every run is kept in `runs` (the table); `directions` holds the latest per direction.
+    payload.setdefault("runs", list(payload["directions"].values()))
+    if args.markdown:
+        print(markdown_table(payload["runs"]))
+        return
     for direction in directions:
         load_at_start = machine.load_average()
         entry = run_direction(data_dir, direction, args.minutes, args.average, args.set, args.output_dir)
@@ -212,10 +218,39 @@ def main(argv=None):
         entry["machine"] = machine.machine_info()
         entry["machine"]["load_average_1min_at_start"] = load_at_start
         payload["directions"][direction] = entry
+        payload["runs"].append(entry)
         machine.write_json(results_path, payload)  # after each direction: a later crash keeps it
     _plot(list(payload["directions"].values()), results_path.with_suffix(".png"))
-    print(json.dumps({d: {k: round(v["bleu"], 2) for k, v in e["test2016"].items()}
-                      for d, e in payload["directions"].items()}, indent=1))
+    print(markdown_table(payload["runs"]))
+
+
+def markdown_table(runs):
+    """The run table: one row per run and weights (last, averaged), every score."""
+    lines = [
+        "| direction | changes from multi30k.toml | parameters | fit (min) | steps (epochs) "
+        "| real target tok/s | last val loss | weights | beam 4: BLEU / lc / chrF | greedy: BLEU / lc / chrF |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        scores = run["test2016"]
+        for weights in ("last", "averaged"):
+            beam, greedy = scores[f"{weights}_beam"], scores[f"{weights}_greedy"]
+            first = weights == "last"
+            val_loss = run["validation_loss"][-1] if run["validation_loss"] else float("nan")
+            cells = [
+                run["direction"] if first else "",
+                (", ".join(run["run_config_overrides"]) or "none") if first else "",
+                f"{run['parameters'] / 1e6:.1f}M" if first else "",
+                f"{run['train_seconds'] / 60:.0f}" if first else "",
+                f"{run['steps']:,} ({run['epochs_trained']})" if first else "",
+                f"{run['target_tokens_per_second']:,.0f}" if first else "",
+                f"{val_loss:.3f}" if first else "",
+                "last" if first else f"average of {len(run['averaged_checkpoints'])}",
+                f"{beam['bleu']:.2f} / {beam['bleu_lowercased']:.2f} / {beam['chrf']:.2f}",
+                f"{greedy['bleu']:.2f} / {greedy['bleu_lowercased']:.2f} / {greedy['chrf']:.2f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -100,41 +100,43 @@ def test_the_formula_and_its_clamp():
 
 
 # -------------------------------------------------------------------- estimates in fit
-def test_estimates_after_the_measured_steps_and_the_first_epoch_and_the_compiled_steps_follow(tmp_path):
-    # W 4, linear, peak (16 * 4)^-0.5 = 0.125; budget 30 s; 2 epochs of 5 batches.
+def test_estimates_after_the_measured_steps_and_a_whole_epoch_and_the_compiled_steps_follow(tmp_path):
+    # W 4, linear, peak (16 * 4)^-0.5 = 0.125; budget 40 s; 3 epochs of 5 batches.
     model, schedule = one_weight_model(warmup_steps=4)
     assert schedule.total_steps == PROVISIONAL_TOTAL_STEPS
     clock, printed = FakeClock(), []
-    estimator = StepBudgetEstimator(30, state_dir=str(tmp_path / "backup"), clock=clock, print_fn=printed.append)
-    history = fit(model, [Tick(clock, first=10, per_batch=1, epoch_end=6), estimator], 5, epochs=2)
+    estimator = StepBudgetEstimator(40, state_dir=str(tmp_path / "backup"), clock=clock, print_fn=printed.append)
+    history = fit(model, [Tick(clock, first=10, per_batch=1, epoch_end=6), estimator], 5, epochs=3)
     # Batch 1 ends at 10 s (compiling: not timed); batches 2-3 end at 11, 12 s: 1 s/step
-    # over default_measure_steps(4) = 2 steps; 3 done, (30 - 12) / 1 = 18 more: step 21.
-    # Epoch 1 ends at 14 s, +6 s of "validation": 20 s for 5 batches = 4 s/step;
-    # 5 done, (30 - 20) / 4 = 2.5, so 2 more: step 7.
+    # over default_measure_steps(4) = 2 steps; 3 done, (40 - 12) / 1 = 28 more: step 31.
+    # Epoch 1 (it compiled: not used) ends at 14 + 6 = 20 s. Epoch 2 runs whole on the
+    # measured total: 20 -> 25 + 6 = 31 s for 5 batches = 2.2 s/step; 10 done,
+    # (40 - 31) / 2.2 = 4.09, so 4 more: step 14.
     assert printed == [
-        "budget: 1.00 s/step measured over 2 steps; the schedule decays to its floor at step 21",
-        "budget: 4.00 s/step over the first epoch (validation and callbacks included); "
-        "the schedule decays to its floor at step 7",
+        "budget: 1.00 s/step measured over 2 steps; the schedule decays to its floor at step 31",
+        "budget: 2.20 s/step over epoch 2 (validation and callbacks included); "
+        "the schedule decays to its floor at step 14",
     ]
     assert [(e["at_step"], e["seconds_per_step"], e["total_steps"], e["source"]) for e in estimator.estimates] == [
-        (3, 1.0, 21, "measured"),
-        (5, 4.0, 7, "first epoch"),
+        (3, 1.0, 31, "measured"),
+        (10, pytest.approx(2.2), 14, "last epoch"),
     ]
-    assert (estimator.estimated_total_steps, estimator.seconds_per_step) == (7, 4.0)
-    assert schedule.total_steps == 7
-    assert history.history[LOG_KEY] == [21, 7]  # the total at each epoch's end, for the CSV log
+    assert estimator.estimated_total_steps == 14
+    assert schedule.total_steps == 14
+    assert history.history[LOG_KEY] == [31, 31, 14]  # the total at each epoch's end, for the CSV log
     # What the compiled steps applied: iterations 0-2 (warmup) on the provisional total,
-    # 3-4 on 21, 5-9 on 7. Without the rebuilt train function TF and JAX would apply
-    # ~0.125 at iterations 3-9 (the provisional total's decay has not begun).
-    expected = sum(linear(0.125, 4, 21, it + 1) for it in range(5)) + sum(
-        linear(0.125, 4, 7, it + 1) for it in range(5, 10)
+    # 3-9 on 31, 10-14 on 14. Without the rebuilt train function TF and JAX would apply
+    # ~0.125 at iterations 3-14 (the provisional total's decay has not begun).
+    expected = sum(linear(0.125, 4, 31, it + 1) for it in range(10)) + sum(
+        linear(0.125, 4, 14, it + 1) for it in range(10, 15)
     )
-    assert expected == pytest.approx(0.1875 + 0.125 + 0.125 * 16 / 17 + 0.125 / 3)
     assert applied_sum(model) == pytest.approx(expected, rel=1e-5)
-    assert current_learning_rate(model.optimizer) == 0.0  # step 11 > 7: the floor
+    assert expected < 0.125 * 12  # the decays took effect: a sum the old totals cannot give
+    assert current_learning_rate(model.optimizer) == pytest.approx(linear(0.125, 4, 14, 16))
     # backup/ did not exist during epoch 1; made at epoch 2's start, it holds the latest.
     with open(tmp_path / "backup" / STATE_FILE) as file:
-        assert json.load(file) == estimator.estimates[-1]
+        saved = json.load(file)
+    assert saved["total_steps"] == 14 and saved["source"] == "last epoch"
 
 
 def test_a_budget_shorter_than_the_warmup_is_clamped_and_says_so(tmp_path):

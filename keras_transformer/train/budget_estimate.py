@@ -10,9 +10,12 @@ so that the learning rate reaches its floor when the budget runs out:
    at once, so the restored run does not train on the provisional total meanwhile.
 2. After `measure_steps` updates, not counting the first step (which compiles the
    train function): `total = updates done + remaining seconds / seconds per update`.
-3. At the start of the second epoch, if step 2 happened in the first: the same from the
-   whole first epoch (`elapsed seconds / batches`), which includes what an epoch adds
-   besides its steps (validation, BLEU, checkpoints) and the compilations.
+3. Once, at the start of the first epoch that follows a whole epoch run on the
+   measured total: the same from that epoch (`its seconds / its batches`), which
+   includes what an epoch adds besides its steps (validation, BLEU, checkpoints) and no
+   compilation. (The first epoch is not used: it traces each new batch shape, twice
+   around the rebuild, and measured 0.87 s/step on Multi30k where later epochs took
+   0.68; an estimate from it ended the decay ~800 steps before the budget.)
 
 The total never goes below `warmup_steps + 1` (the least a `BudgetSchedule` accepts: a
 budget that ends within the warmup is clamped, and the line says so). Each estimate
@@ -154,7 +157,7 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         estimates: list of dicts, one per estimate: `at_step` (the updates done),
             `seconds_per_step` (per update), `measured_steps`, `estimate` (unclamped),
             `total_steps` (what the schedule now holds) and `source` (`"measured"`,
-            `"first epoch"` or `"resumed"`).
+            `"last epoch"` or `"resumed"`).
         estimated_total_steps: int, the schedule's total after the latest estimate, or None.
         seconds_per_step: float, the latest seconds per update, or None.
 
@@ -205,6 +208,9 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         self._epochs = 0  # epochs of this fit finished
         self._mark = None  # (time, batches) at the end of the first call of the train function
         self._measured_in_epoch = None  # the epoch (of this fit) of the measured estimate
+        self._epoch_mark = None  # (time, batches) at the current epoch's start
+        self._epoch_estimated = False  # whether the estimate from a whole epoch was made
+        self._last_epoch = 0  # the 1-based number of that epoch
         self._unsaved = False  # whether the latest estimate is not in state_dir yet
 
     # ------------------------------------------------------------ Keras' hooks
@@ -217,16 +223,25 @@ class StepBudgetEstimator(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         # After every callback's on_train_begin (BackupAndRestore has restored the step)
-        # and on_epoch_end (the first epoch's validation, BLEU, checkpoints are timed).
+        # and on_epoch_end (the ended epoch's validation, BLEU, checkpoints are timed).
         if self._epochs == 0:
             self._resume()
         else:  # the epoch's backup exists now: a kill from here on resumes with the estimate
             self._write_state(make_directory=True)
-        if self._epochs == 1 and self._measured_in_epoch == 0:
-            now = self.clock()
-            elapsed = now - self._start
-            seconds_per_update = elapsed / self._batches * self.accumulation
-            self._apply(now, seconds_per_update, self._batches / self.accumulation, "first epoch")
+        now = self.clock()
+        if (
+            not self._epoch_estimated
+            and self._measured_in_epoch is not None
+            and self._measured_in_epoch < self._epochs - 1
+        ):
+            # The epoch that just ended ran whole on the measured total: no compilation.
+            mark_time, mark_batches = self._epoch_mark
+            batches = self._batches - mark_batches
+            seconds_per_update = (now - mark_time) / batches * self.accumulation
+            self._last_epoch = self._epochs  # 1-based number of the epoch just ended
+            self._apply(now, seconds_per_update, batches / self.accumulation, "last epoch")
+            self._epoch_estimated = True
+        self._epoch_mark = (now, self._batches)
 
     def on_train_batch_end(self, batch, logs=None):
         # `batch` is the last batch of the call (several with steps_per_execution). The
@@ -290,7 +305,7 @@ class StepBudgetEstimator(keras.callbacks.Callback):
     def _describe(self, record, kept):
         how = {
             "measured": f"measured over {record['measured_steps']:g} steps",
-            "first epoch": "over the first epoch (validation and callbacks included)",
+            "last epoch": f"over epoch {self._last_epoch} (validation and callbacks included)",
             "resumed": f"measured before the run was resumed at step {record['at_step']:,}",
         }[record["source"]]
         line = f"budget: {record['seconds_per_step']:.2f} s/step {how}; "
