@@ -6,15 +6,19 @@ For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DI
 1. trains `training/configs/multi30k.toml` with `max_train_seconds` = the budget
    (`keras_transformer.train.run.run_training`: tokenizer, token-budget batches, the warmup
    schedule, a checkpoint per epoch, TensorBoard / CSV logs), then
-2. averages the newest `--average` epoch checkpoints (the paper's section 6.1), and
+2. averages the newest `--average` checkpoints (the paper's section 6.1),
 3. translates the 1,000 test2016 sentences with beam 4 (alpha 0.6) and greedily, with
    the last weights and with the averaged ones, and scores each with sacreBLEU:
    cased BLEU with the default 13a tokenization (the headline figure), lowercased
    BLEU (comparable to the "lowercased, tokenized" figures published for Multi30k),
-   and chrF.
+   and chrF; the `val` split too (beam 4, last weights), the split to tune on, and
+4. scores the checkpoints written along the run (greedy, test2016, about every
+   `--curve-minutes`) for the chart of BLEU against training minutes. The run keeps
+   every checkpoint for it and prunes them to the config's `keep_checkpoints` after.
 
 The budget counts `model.fit` only (the per-epoch validation loss included); the
-tokenizer, averaging and test decoding come on top and are timed separately.
+tokenizer, averaging and all decoding come on top and are timed separately: nothing
+is decoded during the budget.
 
 Usage (one command; the path is an argument, nothing is copied into the repository):
 
@@ -24,8 +28,10 @@ Usage (one command; the path is an argument, nothing is copied into the reposito
 
 Writes the models to `saved_models/multi30k_<src>_<tgt>/` (TensorBoard logs and the
 test translations there too) and the scores to `bench/results/multi30k.json` (one entry
-per direction, kept across runs) with a chart, `bench/results/multi30k.png`, and each
-direction's training curves, `bench/results/multi30k_<src>_<tgt>_curves.png`.
+per direction, every run in `runs`) with charts, `bench/results/multi30k.png` (BLEU per
+direction) and `bench/results/multi30k_minutes.png` (BLEU against training minutes),
+and each direction's training curves, `bench/results/multi30k_<src>_<tgt>_curves.png`.
+`--markdown` prints the run table of the results file.
 """
 
 import argparse
@@ -33,6 +39,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import time
@@ -69,13 +76,13 @@ def sacrebleu_scores(hypotheses, references):
     }
 
 
-def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
+def run_direction(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes):
     """Trains, averages and scores one direction; returns its JSON-ready entry."""
     import keras
 
-    from keras_transformer.train.checkpoints import average_model_directory
+    from keras_transformer.train.checkpoints import average_model_directory, prune_checkpoints
     from keras_transformer.inference.translator import Translator
-    from keras_transformer.model.directory import MODEL_FILE
+    from keras_transformer.model.directory import CHECKPOINT_DIR, MODEL_FILE
     from keras_transformer.train.run import load_corpus, run_training
     from keras_transformer.train.run_config import RunConfig
 
@@ -88,8 +95,10 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
         target_lang=target_lang,
         max_train_seconds=minutes * 60.0,
         output_dir=str(output_dir),
-        keep_checkpoints=max(run_config.keep_checkpoints, average),
+        # Every checkpoint stays until the BLEU-against-minutes curve has scored them.
+        keep_checkpoints=10**6 if curve_minutes else max(run_config.keep_checkpoints, average),
     )
+    keep_after = max(RunConfig.from_toml(str(CONFIG)).keep_checkpoints, average)
     print(f"=== {direction}: {minutes:g} minutes of training, {run_config.model_dir}", flush=True)
     result = run_training(run_config)
 
@@ -125,10 +134,23 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
                 f"({seconds:.0f} s)",
                 flush=True,
             )
+    val_pairs = load_corpus(run_config)["validation"]
+    started = time.monotonic()
+    translator = Translator(result.model, result.tokenizer, beam_size=4, batch_size=run_config.eval_batch_size)
+    val_scores = sacrebleu_scores(
+        translator.translate([source for source, _ in val_pairs], progress=True), [t for _, t in val_pairs]
+    )
+    val_scores["decode_seconds"] = round(time.monotonic() - started, 1)
+    print(f"{direction} val last_beam       BLEU {val_scores['bleu']:.2f}", flush=True)
+
+    checkpoint_dir = os.path.join(result.model_dir, CHECKPOINT_DIR)
+    curve = []
+    if curve_minutes:
+        curve = bleu_against_minutes(
+            result, checkpoint_dir, sources, references, curve_minutes, run_config.eval_batch_size
+        )
+    prune_checkpoints(checkpoint_dir, keep_after)
     # The training curves beside the scores, where the README can show them.
-    curves = pathlib.Path(result.model_dir) / "training_curves.png"
-    if curves.is_file():
-        shutil.copyfile(curves, machine.RESULTS_DIR / f"multi30k_{source_lang}_{target_lang}_curves.png")
     config = result.model.config
     return {
         "direction": direction,
@@ -147,7 +169,45 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir):
         "validation_loss": [float(x) for x in result.history.history.get("val_loss", [])],
         "model_dir": os.path.relpath(result.model_dir, ROOT),
         "test2016": scores,
+        "val": {"last_beam": val_scores},
+        "bleu_against_minutes": curve,
     }
+
+
+def bleu_against_minutes(result, checkpoint_dir, sources, references, every_minutes, batch_size):
+    """Greedy test2016 BLEU of the run's checkpoints, about `every_minutes` apart.
+
+    A checkpoint's minute is its update count times the run's mean seconds per update
+    (the step time is steady after the first epoch). Scored after the run into a copy
+    of the model, so the budget is not spent on it and the returned model is untouched.
+    """
+    import keras
+
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import MODEL_FILE
+    from keras_transformer.train.checkpoints import latest_checkpoints
+
+    paths = latest_checkpoints(checkpoint_dir, k=10**9)
+    if not paths or not result.steps:
+        return []
+    seconds_per_step = result.train_seconds / result.steps
+    chosen, last_minute = [], None
+    for index, path in enumerate(paths):
+        step = int(re.search(r"(\d+)\.weights\.h5$", path).group(1))
+        minute = step * seconds_per_step / 60.0
+        if last_minute is None or minute - last_minute >= every_minutes or index == len(paths) - 1:
+            chosen.append((step, minute, path))
+            last_minute = minute
+    model = keras.saving.load_model(os.path.join(result.model_dir, MODEL_FILE), compile=False, safe_mode=True)
+    # One translator: its compiled decoder reads the variables, so loading new values is seen.
+    translator = Translator(model, result.tokenizer, beam_size=1, batch_size=batch_size)
+    points = []
+    for step, minute, path in chosen:
+        model.load_weights(path)
+        score = sacrebleu_scores(translator.translate(sources), references)
+        points.append({"step": step, "minutes": round(minute, 1), "greedy_bleu": round(score["bleu"], 2)})
+        print(f"  step {step:>6,} ({minute:4.1f} min): greedy BLEU {score['bleu']:.2f}", flush=True)
+    return points
 
 
 def _machine_note(info):
@@ -175,6 +235,32 @@ def _plot(entries, path):
     )
 
 
+def _plot_minutes(runs, path):
+    """Greedy test2016 BLEU against training minutes, one line per run that has a curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a benchmark machine
+    import matplotlib.pyplot as plt
+
+    runs = [run for run in runs if run.get("bleu_against_minutes")]
+    if not runs:
+        return
+    figure, axes = plt.subplots(figsize=(7.0, 4.5))
+    for run in runs:
+        points = run["bleu_against_minutes"]
+        label = f"{run['direction']}: {', '.join(run['run_config_overrides']) or 'multi30k.toml'}"
+        axes.plot([p["minutes"] for p in points], [p["greedy_bleu"] for p in points], marker="o", label=label)
+    axes.set_xlabel("minutes of model.fit")
+    axes.set_ylabel("test2016 sacreBLEU, greedy")
+    axes.set_title("Multi30k: BLEU of the checkpoints along a 45-minute run", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.text(0.01, 0.01, _machine_note(runs[-1]["machine"]), fontsize=7)
+    figure.tight_layout(rect=(0, 0.04, 1, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", help="folder with Multi30k's train/val/test_2016_flickr .de/.en files")
@@ -184,6 +270,10 @@ def main(argv=None):
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a value of training/configs/multi30k.toml (repeatable), e.g. model.dropout=0.3",
+    )
+    parser.add_argument(
+        "--curve-minutes", type=float, default=5.0,
+        help="score a checkpoint about every this many training minutes for the BLEU-minutes chart (0: none)",
     )
     parser.add_argument("--output-dir", default=str(ROOT / "saved_models"), help="where the model directories go")
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "multi30k.json"), help="JSON to update")
@@ -196,6 +286,8 @@ def main(argv=None):
         parser.error(f"unknown direction(s) {unknown}; expected some of {list(DIRECTIONS)}")
     if not args.minutes > 0:
         parser.error(f"--minutes must be positive; received {args.minutes}")
+    if not args.curve_minutes >= 0:
+        parser.error(f"--curve-minutes must be >= 0; received {args.curve_minutes}")
     data_dir = pathlib.Path(args.data_dir)
     for split in ("train", "val", "test_2016_flickr"):
         for lang in ("de", "en"):
@@ -213,7 +305,9 @@ def main(argv=None):
         return
     for direction in directions:
         load_at_start = machine.load_average()
-        entry = run_direction(data_dir, direction, args.minutes, args.average, args.set, args.output_dir)
+        entry = run_direction(
+            data_dir, direction, args.minutes, args.average, args.set, args.output_dir, args.curve_minutes
+        )
         entry["command"] = "python bench/multi30k.py " + " ".join(argv if argv is not None else sys.argv[1:])
         entry["machine"] = machine.machine_info()
         entry["machine"]["load_average_1min_at_start"] = load_at_start
@@ -221,6 +315,7 @@ def main(argv=None):
         payload["runs"].append(entry)
         machine.write_json(results_path, payload)  # after each direction: a later crash keeps it
     _plot(list(payload["directions"].values()), results_path.with_suffix(".png"))
+    _plot_minutes(payload["runs"], results_path.with_name(results_path.stem + "_minutes.png"))
     print(markdown_table(payload["runs"]))
 
 
@@ -228,8 +323,8 @@ def markdown_table(runs):
     """The run table: one row per run and weights (last, averaged), every score."""
     lines = [
         "| direction | changes from multi30k.toml | parameters | fit (min) | steps (epochs) "
-        "| real target tok/s | last val loss | weights | beam 4: BLEU / lc / chrF | greedy: BLEU / lc / chrF |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| real target tok/s | last val loss | val BLEU | weights | beam 4: BLEU / lc / chrF | greedy: BLEU / lc / chrF |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         scores = run["test2016"]
@@ -245,6 +340,7 @@ def markdown_table(runs):
                 f"{run['steps']:,} ({run['epochs_trained']})" if first else "",
                 f"{run['target_tokens_per_second']:,.0f}" if first else "",
                 f"{val_loss:.3f}" if first else "",
+                f"{run['val']['last_beam']['bleu']:.2f}" if first and "val" in run else "",
                 "last" if first else f"average of {len(run['averaged_checkpoints'])}",
                 f"{beam['bleu']:.2f} / {beam['bleu_lowercased']:.2f} / {beam['chrf']:.2f}",
                 f"{greedy['bleu']:.2f} / {greedy['bleu_lowercased']:.2f} / {greedy['chrf']:.2f}",

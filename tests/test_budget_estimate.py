@@ -119,7 +119,7 @@ def test_estimates_after_the_measured_steps_and_a_whole_epoch_and_the_compiled_s
     ]
     assert [(e["at_step"], e["seconds_per_step"], e["total_steps"], e["source"]) for e in estimator.estimates] == [
         (3, 1.0, 31, "measured"),
-        (10, pytest.approx(2.2), 14, "last epoch"),
+        (10, pytest.approx(2.2), 14, "epochs"),
     ]
     assert estimator.estimated_total_steps == 14
     assert schedule.total_steps == 14
@@ -136,7 +136,50 @@ def test_estimates_after_the_measured_steps_and_a_whole_epoch_and_the_compiled_s
     # backup/ did not exist during epoch 1; made at epoch 2's start, it holds the latest.
     with open(tmp_path / "backup" / STATE_FILE) as file:
         saved = json.load(file)
-    assert saved["total_steps"] == 14 and saved["source"] == "last epoch"
+    assert saved["total_steps"] == 14 and saved["source"] == "epochs"
+
+
+class EpochTick(Tick):
+    """A Tick whose seconds per batch (after the first) change with the epoch."""
+
+    def __init__(self, clock, first, per_batch_by_epoch):
+        super().__init__(clock, first, per_batch=None)
+        self.per_batch_by_epoch = per_batch_by_epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.per_batch = self.per_batch_by_epoch[epoch]
+
+
+def test_later_epochs_refine_the_total_skipping_epochs_that_retraced():
+    # W 4, linear, peak 0.125; budget 100 s; 6 epochs of 5 batches; 2 s a batch in
+    # epochs 1-2, then 1 s (the machine got faster).
+    model, schedule = one_weight_model(warmup_steps=4)
+    clock, printed = FakeClock(), []
+    estimator = StepBudgetEstimator(100, clock=clock, print_fn=printed.append)
+    tick = EpochTick(clock, first=10, per_batch_by_epoch=[2, 2, 1, 1, 1, 1])
+    history = fit(model, [tick, estimator], 5, epochs=6)
+    # Epoch 1: batches 2-3 end at 12, 14 s: 2 s/step, 3 done, 86 s left: 3 + 43 = 46; a
+    # rebuild mid-epoch, so epoch 1 is not timed (it compiled anyway). Epoch 2 (18-28 s)
+    # runs whole: at 28 s, 2 s/step, 10 done + 72 / 2 = 46, kept (no rebuild).
+    # Epoch 3 (28-33 s): at 33 s, epochs 2-3 give 15 s / 10 = 1.5 s/step: 15 + 44 = 59,
+    # rebuilt at epoch 4's start, so epoch 4 (33-38 s) is left out. At 43 s, epochs 2, 3
+    # and 5 give 20 s / 15: 25 done + floor(57 / 1.333) = 25 + 42 = 67.
+    assert printed == [
+        "budget: 2.00 s/step measured over 2 steps; the schedule decays to its floor at step 46",
+        "budget: 2.00 s/step over epoch 2 (validation and callbacks included); the estimate, "
+        "step 46, is within 2% of the schedule's: it keeps decaying to its floor at step 46",
+        "budget: 1.50 s/step over epochs 2 and 3 (validation and callbacks included); "
+        "the schedule decays to its floor at step 59",
+        "budget: 1.33 s/step over epochs 2, 3 and 5 (validation and callbacks included); "
+        "the schedule decays to its floor at step 67",
+    ]
+    assert history.history[LOG_KEY] == [46, 46, 46, 59, 59, 67]
+    expected = (
+        sum(linear(0.125, 4, 46, it + 1) for it in range(15))
+        + sum(linear(0.125, 4, 59, it + 1) for it in range(15, 25))
+        + sum(linear(0.125, 4, 67, it + 1) for it in range(25, 30))
+    )
+    assert applied_sum(model) == pytest.approx(expected, rel=1e-5)
 
 
 def test_a_budget_shorter_than_the_warmup_is_clamped_and_says_so(tmp_path):

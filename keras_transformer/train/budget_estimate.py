@@ -10,12 +10,16 @@ so that the learning rate reaches its floor when the budget runs out:
    at once, so the restored run does not train on the provisional total meanwhile.
 2. After `measure_steps` updates, not counting the first step (which compiles the
    train function): `total = updates done + remaining seconds / seconds per update`.
-3. Once, at the start of the first epoch that follows a whole epoch run on the
-   measured total: the same from that epoch (`its seconds / its batches`), which
-   includes what an epoch adds besides its steps (validation, BLEU, checkpoints) and no
-   compilation. (The first epoch is not used: it traces each new batch shape, twice
-   around the rebuild, and measured 0.87 s/step on Multi30k where later epochs took
-   0.68; an estimate from it ended the decay ~800 steps before the budget.)
+3. At the start of each epoch that follows a whole epoch run on one compiled step (not
+   the first epoch of the `fit`, which compiles, and not an epoch that began or ran
+   when the step was rebuilt): the same from the last `EPOCH_WINDOW` (3) such epochs
+   (`their seconds / their batches`), which includes what an epoch adds besides its
+   steps (validation, BLEU, checkpoints) and no compilation. One estimate is not
+   enough: on Multi30k the first epoch measured 0.87 s/step, the second 0.81 and
+   the last ones 0.64 (the machine's speed drifts), and a total fixed after the
+   second epoch ended the decay ~500 steps (13% of the budget) before the budget did.
+   Because each estimate covers only the time that is left, its error shrinks as the
+   run goes on.
 
 The total never goes below `warmup_steps + 1` (the least a `BudgetSchedule` accepts: a
 budget that ends within the warmup is clamped, and the line says so). Each estimate
@@ -24,7 +28,8 @@ records it), and is kept in `estimates`. The total is a Python number that compi
 steps (TensorFlow graphs, XLA, `jax.jit`) bake in, so each change rebuilds the train
 function (`model.make_train_function(force=True)`; `fit` calls the new one from the
 next step on; eager PyTorch reads the new value anyway). An estimate within 1% of the
-current total changes nothing, so a run retraces at most twice.
+current total changes nothing, and an epoch in which the step was rebuilt is not timed,
+so a run retraces at most once every other epoch (in practice 2 to 4 times).
 
 Units: the schedule counts optimizer updates (`optimizer.iterations`); with gradient
 accumulation over N batches (`PerUpdateSchedule`), an update costs N batches, and the
@@ -52,8 +57,11 @@ from keras_transformer.train.budget_schedule import BudgetSchedule
 # so the estimate lands within the warmup, where the total does not change the rate yet.
 MIN_MEASURE_STEPS = 2
 MAX_MEASURE_STEPS = 50
-# A new estimate within this share of the current total keeps it (no retrace).
-RETRACE_TOLERANCE = 0.01
+# A new estimate within this share of the current total keeps it (no retrace: a rebuilt
+# step re-traces every batch shape, ~10 s an epoch on Multi30k).
+RETRACE_TOLERANCE = 0.02
+# Whole epochs (the latest ones run on one compiled step) that an epoch estimate averages.
+EPOCH_WINDOW = 3
 # Where the latest estimate is kept for a resumed run, in the callback's `state_dir`.
 STATE_FILE = "budget_estimate.json"
 # The key the estimator adds to each epoch's logs: the total the schedule decays to.
@@ -157,7 +165,7 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         estimates: list of dicts, one per estimate: `at_step` (the updates done),
             `seconds_per_step` (per update), `measured_steps`, `estimate` (unclamped),
             `total_steps` (what the schedule now holds) and `source` (`"measured"`,
-            `"last epoch"` or `"resumed"`).
+            `"epochs"` or `"resumed"`).
         estimated_total_steps: int, the schedule's total after the latest estimate, or None.
         seconds_per_step: float, the latest seconds per update, or None.
 
@@ -209,9 +217,11 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         self._mark = None  # (time, batches) at the end of the first call of the train function
         self._measured_in_epoch = None  # the epoch (of this fit) of the measured estimate
         self._epoch_mark = None  # (time, batches) at the current epoch's start
-        self._epoch_estimated = False  # whether the estimate from a whole epoch was made
-        self._last_epoch = 0  # the 1-based number of that epoch
+        self._epoch_clean = False  # whether the current epoch runs on one compiled step
+        self._clean_epochs = []  # (1-based epoch, seconds, batches) of whole clean epochs
         self._unsaved = False  # whether the latest estimate is not in state_dir yet
+        self._rebuilt = False  # whether the step was rebuilt at the current epoch's start
+        self._window = None  # the 1-based epochs the latest epoch estimate averaged
 
     # ------------------------------------------------------------ Keras' hooks
     def on_train_begin(self, logs=None):
@@ -224,23 +234,24 @@ class StepBudgetEstimator(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         # After every callback's on_train_begin (BackupAndRestore has restored the step)
         # and on_epoch_end (the ended epoch's validation, BLEU, checkpoints are timed).
+        self._rebuilt = False
         if self._epochs == 0:
             self._resume()
         else:  # the epoch's backup exists now: a kill from here on resumes with the estimate
             self._write_state(make_directory=True)
         now = self.clock()
-        if (
-            not self._epoch_estimated
-            and self._measured_in_epoch is not None
-            and self._measured_in_epoch < self._epochs - 1
-        ):
-            # The epoch that just ended ran whole on the measured total: no compilation.
+        if self._epochs > 0 and self._epoch_clean:
             mark_time, mark_batches = self._epoch_mark
-            batches = self._batches - mark_batches
-            seconds_per_update = (now - mark_time) / batches * self.accumulation
-            self._last_epoch = self._epochs  # 1-based number of the epoch just ended
-            self._apply(now, seconds_per_update, batches / self.accumulation, "last epoch")
-            self._epoch_estimated = True
+            self._clean_epochs.append((self._epochs, now - mark_time, self._batches - mark_batches))
+            if self._measured_in_epoch is not None:
+                # The epochs that just ended ran whole on the current total: no compilation.
+                window = self._clean_epochs[-EPOCH_WINDOW:]
+                batches = sum(epoch[2] for epoch in window)
+                seconds_per_update = sum(epoch[1] for epoch in window) / batches * self.accumulation
+                self._window = [epoch[0] for epoch in window]
+                self._apply(now, seconds_per_update, batches / self.accumulation, "epochs")
+        # The first epoch of a fit compiles the step; so does any epoch begun on a rebuilt one.
+        self._epoch_clean = self._epochs > 0 and not self._rebuilt
         self._epoch_mark = (now, self._batches)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -289,6 +300,8 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         if not kept:
             self.schedule.total_steps = total
             self.model.make_train_function(force=True)  # the compiled step holds the old total
+            self._rebuilt = True  # at an epoch's start: that epoch traces again, not timed
+            self._epoch_clean = False  # mid-epoch: this epoch is not timed
         record = {
             "at_step": updates,
             "seconds_per_step": float(seconds_per_update),
@@ -303,11 +316,12 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         self.print_fn(self._describe(record, kept))
 
     def _describe(self, record, kept):
-        how = {
-            "measured": f"measured over {record['measured_steps']:g} steps",
-            "last epoch": f"over epoch {self._last_epoch} (validation and callbacks included)",
-            "resumed": f"measured before the run was resumed at step {record['at_step']:,}",
-        }[record["source"]]
+        if record["source"] == "measured":
+            how = f"measured over {record['measured_steps']:g} steps"
+        elif record["source"] == "epochs":
+            how = f"over {self._describe_window()} (validation and callbacks included)"
+        else:
+            how = f"measured before the run was resumed at step {record['at_step']:,}"
         line = f"budget: {record['seconds_per_step']:.2f} s/step {how}; "
         if kept:
             line += (
@@ -324,6 +338,12 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         if self.accumulation > 1:
             line += f"; a step is one update of {self.accumulation} batches"
         return line
+
+    def _describe_window(self):
+        numbers = [str(epoch) for epoch in self._window]
+        if len(numbers) == 1:
+            return f"epoch {numbers[0]}"
+        return f"epochs {', '.join(numbers[:-1])} and {numbers[-1]}"
 
     def _read_state(self):
         if self.state_dir is None:
