@@ -151,6 +151,9 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
         )
     prune_checkpoints(checkpoint_dir, keep_after)
     # The training curves beside the scores, where the README can show them.
+    curves = pathlib.Path(result.model_dir) / "training_curves.png"
+    if curves.is_file():
+        shutil.copyfile(curves, machine.RESULTS_DIR / f"multi30k_{source_lang}_{target_lang}_curves.png")
     config = result.model.config
     return {
         "direction": direction,
@@ -248,7 +251,7 @@ def _plot_minutes(runs, path):
     figure, axes = plt.subplots(figsize=(7.0, 4.5))
     for run in runs:
         points = run["bleu_against_minutes"]
-        label = f"{run['direction']}: {', '.join(run['run_config_overrides']) or 'multi30k.toml'}"
+        label = f"{run['direction']}, changes from multi30k.toml: {_changes(run)}"
         axes.plot([p["minutes"] for p in points], [p["greedy_bleu"] for p in points], marker="o", label=label)
     axes.set_xlabel("minutes of model.fit")
     axes.set_ylabel("test2016 sacreBLEU, greedy")
@@ -319,6 +322,14 @@ def main(argv=None):
     print(markdown_table(payload["runs"]))
 
 
+def _changes(run):
+    """What a run changed from the recipe, as the table and the chart label it."""
+    if run.get("recipe_note"):
+        return run["recipe_note"]
+    changes = [change for change in run["run_config_overrides"] if not change.startswith("verbose=")]
+    return ", ".join(changes) or "none"
+
+
 def markdown_table(runs):
     """The run table: one row per run and weights (last, averaged), every score."""
     lines = [
@@ -334,7 +345,7 @@ def markdown_table(runs):
             val_loss = run["validation_loss"][-1] if run["validation_loss"] else float("nan")
             cells = [
                 run["direction"] if first else "",
-                (", ".join(run["run_config_overrides"]) or "none") if first else "",
+                _changes(run) if first else "",
                 f"{run['parameters'] / 1e6:.1f}M" if first else "",
                 f"{run['train_seconds'] / 60:.0f}" if first else "",
                 f"{run['steps']:,} ({run['epochs_trained']})" if first else "",
