@@ -88,6 +88,7 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
 
     source_lang, target_lang = direction.split("-")
     run_config = RunConfig.from_toml(str(CONFIG)).with_overrides(list(overrides))
+    keep_after = max(run_config.keep_checkpoints, average)  # what the directory keeps in the end
     run_config = run_config.replace(
         name=f"multi30k_{source_lang}_{target_lang}",
         data_dir=str(data_dir),
@@ -98,7 +99,6 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
         # Every checkpoint stays until the BLEU-against-minutes curve has scored them.
         keep_checkpoints=10**6 if curve_minutes else max(run_config.keep_checkpoints, average),
     )
-    keep_after = max(RunConfig.from_toml(str(CONFIG)).keep_checkpoints, average)
     print(f"=== {direction}: {minutes:g} minutes of training, {run_config.model_dir}", flush=True)
     result = run_training(run_config)
 
@@ -180,8 +180,8 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
 def bleu_against_minutes(result, checkpoint_dir, sources, references, every_minutes, batch_size):
     """Greedy test2016 BLEU of the run's checkpoints, about `every_minutes` apart.
 
-    A checkpoint's minute is its update count times the run's mean seconds per update
-    (the step time is steady after the first epoch). Scored after the run into a copy
+    A checkpoint's minute is its update count (`step_N`, or `epoch_N` times the steps of
+    an epoch) times the run's mean seconds per update (steady after the first epoch). Scored after the run into a copy
     of the model, so the budget is not spent on it and the returned model is untouched.
     """
     import keras
@@ -196,7 +196,8 @@ def bleu_against_minutes(result, checkpoint_dir, sources, references, every_minu
     seconds_per_step = result.train_seconds / result.steps
     chosen, last_minute = [], None
     for index, path in enumerate(paths):
-        step = int(re.search(r"(\d+)\.weights\.h5$", path).group(1))
+        number = int(re.search(r"(\d+)\.weights\.h5$", path).group(1))
+        step = number if os.path.basename(path).startswith("step_") else number * result.steps_per_epoch
         minute = step * seconds_per_step / 60.0
         if last_minute is None or minute - last_minute >= every_minutes or index == len(paths) - 1:
             chosen.append((step, minute, path))

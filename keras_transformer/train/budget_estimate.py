@@ -27,9 +27,10 @@ prints one line, is added to the epoch logs as `schedule_total_steps` (so the CS
 records it), and is kept in `estimates`. The total is a Python number that compiled
 steps (TensorFlow graphs, XLA, `jax.jit`) bake in, so each change rebuilds the train
 function (`model.make_train_function(force=True)`; `fit` calls the new one from the
-next step on; eager PyTorch reads the new value anyway). An estimate within 1% of the
-current total changes nothing, and an epoch in which the step was rebuilt is not timed,
-so a run retraces at most once every other epoch (in practice 2 to 4 times).
+next step on; eager PyTorch reads the new value anyway). An estimate within
+`RETRACE_TOLERANCE` (2%) of the current total changes nothing, and an epoch in which the
+step was rebuilt is not timed, so a run retraces at most once every other epoch (the
+45-minute Multi30k en->de run retraced twice).
 
 Units: the schedule counts optimizer updates (`optimizer.iterations`); with gradient
 accumulation over N batches (`PerUpdateSchedule`), an update costs N batches, and the
