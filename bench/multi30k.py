@@ -153,9 +153,10 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
             result, checkpoint_dir, sources, references, curve_minutes, run_config.eval_batch_size
         )
     prune_checkpoints(checkpoint_dir, keep_after)
-    # The training curves beside the scores, where the README can show them.
+    # The recipe's training curves beside the scores, where the docs show them; a trial
+    # with --set leaves them as they were (its curves stay in its model directory).
     curves = pathlib.Path(result.model_dir) / "training_curves.png"
-    if curves.is_file():
+    if curves.is_file() and not _trial_changes(overrides):
         shutil.copyfile(curves, machine.RESULTS_DIR / f"multi30k_{source_lang}_{target_lang}_curves.png")
     config = result.model.config
     return {
@@ -330,7 +331,7 @@ def main(argv=None):
         entry["command"] = "python bench/multi30k.py " + " ".join(argv if argv is not None else sys.argv[1:])
         entry["machine"] = machine.machine_info()
         entry["machine"]["load_average_1min_at_start"] = load_at_start
-        if _changes(entry) == "none" or direction not in payload["directions"]:
+        if not _trial_changes(entry["run_config_overrides"]) or direction not in payload["directions"]:
             payload["directions"][direction] = entry
         payload["runs"].append(entry)
         machine.write_json(results_path, payload)  # after each direction: a later crash keeps it
@@ -348,8 +349,12 @@ def _changes(run):
     """What a run changed from the recipe, as the table and the chart label it."""
     if run.get("recipe_note"):
         return run["recipe_note"]
-    changes = [change for change in run["run_config_overrides"] if not change.startswith("verbose=")]
-    return ", ".join(changes) or "none"
+    return ", ".join(_trial_changes(run["run_config_overrides"])) or "none"
+
+
+def _trial_changes(overrides):
+    """The overrides that change the recipe (verbosity does not)."""
+    return [change for change in overrides if not change.startswith("verbose=")]
 
 
 def markdown_table(runs):
