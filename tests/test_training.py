@@ -217,6 +217,23 @@ def test_plot_training_curves_reads_a_csv_log_with_missing_values(tmp_path):
         plot_training_curves(tmp_path / "other.csv", tmp_path / "x.png")
 
 
+def test_log_axes_label_minor_ticks_only_within_a_decade():
+    """Over several decades the minor labels (2-9 x 10^k) would overprint each other."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
+
+    from keras_transformer.train.curves import _log_scale
+
+    figure = Figure()
+    wide, narrow = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
+    _log_scale(wide, [([1e-3, 1e-5, float("nan"), 2e-8], "lr")])
+    _log_scale(narrow, [([9.0, 5.5, 3.2], "train"), ([8.0, 6.0], "validation")])
+    assert wide.get_yscale() == narrow.get_yscale() == "log"
+    assert isinstance(wide.yaxis.get_minor_formatter(), NullFormatter)
+    assert narrow.yaxis.get_minor_formatter()(4.0) == "4"
+    assert wide.yaxis.get_major_formatter()(1e-5) == narrow.yaxis.get_major_formatter()(1e-5) == "1e-05"
+
+
 # ------------------------------------------------- an existing model directory
 def _finished_run(directory, config_text="earlier run"):
     directory.mkdir(parents=True)

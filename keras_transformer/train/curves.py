@@ -11,7 +11,7 @@ import os
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 _PANELS_PER_ROW = 3
 # (title, [(column, label)]) for each panel; a panel without any of its columns is skipped.
@@ -94,16 +94,27 @@ def plot_training_curves(csv_path, png_path):
         axes.set_xlabel("epoch")
         axes.grid(alpha=0.3)
         if title in ("perplexity", "learning rate") and _all_positive(series):
-            axes.set_yscale("log")
-            # Plain numbers ("1.2", "6e-04") instead of matplotlib's "1.2 x 10^0" labels.
-            for axis_formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
-                axis_formatter(FormatStrFormatter("%.3g"))
+            _log_scale(axes, series)
         if len(series) > 1:
             axes.legend()
     png_path = os.fspath(png_path)
     os.makedirs(os.path.dirname(png_path) or ".", exist_ok=True)
     figure.savefig(png_path, dpi=100)
     return png_path
+
+
+def _log_scale(axes, series):
+    """A log y axis with plain labels ("1.2", "6e-04", not "1.2 x 10^0").
+
+    Minor ticks (2-9 x 10^k) are labelled only when the values span less than a decade:
+    there they are the only labels, and over several decades (a learning rate that decays
+    to 1e-8) eight labels a decade would print on top of each other.
+    """
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    values = [v for values, _ in series for v in values if not math.isnan(v)]
+    decades = math.log10(max(values) / min(values)) if values else 0.0
+    axes.yaxis.set_minor_formatter(FormatStrFormatter("%.3g") if decades < 1 else NullFormatter())
 
 
 def _all_positive(series):
