@@ -12,7 +12,10 @@ Usage:
         --model-dir saved_models/multi30k_en_de --direction en-de
 
 Adds the grid and both test scores to `bench/results/search_settings.json` (one entry
-per model directory) and prints them as a markdown table.
+per model directory) and prints them as a markdown table. `--save` also writes the
+chosen setting into the model directory's `config.toml` (`eval_beam_size`,
+`eval_length_penalty`), where `Translator`, kt-translate, kt-evaluate and kt-export
+find it. The recipe's own values go in its config (`training/configs/multi30k*.toml`).
 """
 
 import argparse
@@ -63,6 +66,9 @@ def main(argv=None):
     parser.add_argument("--beam-sizes", default="4,6", help="comma-separated")
     parser.add_argument("--alphas", default="0.6,1.0,1.4", help="comma-separated")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--save", action="store_true", help="write the setting chosen on val into MODEL_DIR/config.toml"
+    )
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "search_settings.json"))
     args = parser.parse_args(argv)
 
@@ -96,6 +102,11 @@ def main(argv=None):
         "machine": machine.machine_info(),
     }
     machine.write_json(results_path, payload)
+    if args.save:
+        from keras_transformer.model.directory import write_search_settings
+
+        path = write_search_settings(args.model_dir, best["beam_size"], best["alpha"])
+        print(f"beam {best['beam_size']}, alpha {best['alpha']:g} saved in {path}")
     print("| beam | alpha | val BLEU | val chrF |\n|---|---|---|---|")
     for row in grid:
         print(f"| {row['beam_size']} | {row['alpha']:g} | {row['bleu']:.2f} | {row['chrf']:.2f} |")

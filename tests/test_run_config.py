@@ -155,7 +155,7 @@ def test_to_toml_round_trips_with_the_resolved_model(toml_path, tmp_path):
     assert RunConfig.from_toml(written) == config
 
 
-@pytest.mark.parametrize("name", ["demo", "multi30k", "base", "big"])
+@pytest.mark.parametrize("name", ["demo", "multi30k", "multi30k_en_de", "base", "big"])
 def test_shipped_configs_parse(name):
     config = RunConfig.from_toml(os.path.join(CONFIG_DIR, f"{name}.toml"))
     assert config.name == name
@@ -165,6 +165,11 @@ def test_shipped_configs_parse(name):
         assert (config.train_split, config.validation_split, config.test_split) == (
             "train", "val", "test_2016_flickr",
         )
+    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search
+        reversed_recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml")).replace(
+            name=name, source_lang="en", target_lang="de", eval_beam_size=6, eval_length_penalty=1.4
+        )
+        assert config == reversed_recipe
     if name == "base":
         assert (model.d_model, model.num_encoder_layers, model.vocab_size) == (512, 6, 37000)
         assert config.keep_checkpoints == 5
@@ -185,3 +190,37 @@ def test_bucket_width_gives_evenly_spaced_boundaries():
 def test_negative_bucket_width_is_refused():
     with pytest.raises(ValueError, match=r"`bucket_width` must be an integer >= 0. Received: bucket_width=-4"):
         RunConfig(bucket_width=-4)
+
+
+# ------------------------------------------------------------------ extends
+def test_a_config_extends_another_replacing_keys_and_merging_tables(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "base.toml").write_text(
+        'name = "base"\nepochs = 3\nsource_lang = "de"\n\n[model]\nd_model = 64\nnum_heads = 2\n'
+        "\n[training]\nwarmup_steps = 100\n"
+    )
+    (tmp_path / "child.toml").write_text(
+        'extends = "recipes/base.toml"\nname = "child"\n\n[model]\nnum_heads = 4\n'
+    )
+    (tmp_path / "grandchild.toml").write_text('extends = "child.toml"\nepochs = 7\n')
+    child = RunConfig.from_toml(tmp_path / "child.toml")
+    assert (child.name, child.epochs, child.source_lang) == ("child", 3, "de")
+    assert child.model == {"d_model": 64, "num_heads": 4}  # merged key by key
+    assert child.training == {"warmup_steps": 100}
+    grandchild = RunConfig.from_toml(tmp_path / "grandchild.toml", ["training.warmup_steps=50"])
+    assert grandchild == child.replace(epochs=7, training={"warmup_steps": 50})
+
+
+def test_extends_that_cannot_be_followed_is_refused_naming_it(tmp_path):
+    (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
+    with pytest.raises(ValueError, match=r"`extends` goes round in a circle: .*a.toml -> .*b.toml -> .*a.toml"):
+        RunConfig.from_toml(tmp_path / "a.toml")
+    (tmp_path / "c.toml").write_text('extends = "missing.toml"\n')
+    with pytest.raises(FileNotFoundError, match=r"c.toml: extends='missing.toml' names .*missing.toml, which is not a file"):
+        RunConfig.from_toml(tmp_path / "c.toml")
+    (tmp_path / "d.toml").write_text("extends = 3\n")
+    with pytest.raises(ValueError, match=r"`extends` must be the path of another run config.*Received: extends=3"):
+        RunConfig.from_toml(tmp_path / "d.toml")
+    with pytest.raises(ValueError, match=r"Unknown run config key\(s\): \['extends'\]"):
+        RunConfig.from_dict({"extends": "a.toml"})  # only a file has a place to be relative to

@@ -193,7 +193,9 @@ def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
     group = parser.add_argument_group("decoding (Vaswani et al., 2017, section 6.1)")
     search = group.add_mutually_exclusive_group()
     search.add_argument(
-        "--beam-size", type=int, default=BEAM_SIZE, help=f"beams per sentence (default {BEAM_SIZE})"
+        "--beam-size",
+        type=int,
+        help=f"beams per sentence (default: the model directory's search, saved by its run; else {BEAM_SIZE})",
     )
     search.add_argument("--greedy", action="store_true", help="greedy search (the same as --beam-size 1)")
     if sampling:
@@ -207,8 +209,7 @@ def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
     group.add_argument(
         "--length-penalty",
         type=float,
-        default=LENGTH_PENALTY,
-        help=f"alpha of the beam search length penalty (default {LENGTH_PENALTY})",
+        help=f"alpha of the beam search length penalty (default: the model directory's; else {LENGTH_PENALTY})",
     )
     group.add_argument(
         "--max-extra",
@@ -230,14 +231,17 @@ def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
 def decoding_settings(args):
     """The `Translator` (or, without `--batch-size`, `export_saved_model`) keyword arguments.
 
-    The sampling settings given on the command line are passed as they are, with or
-    without `--sample`: the `Translator` refuses them for a search, naming them.
+    `--beam-size` and `--length-penalty` left out are the search saved in `--model-dir`
+    (`keras_transformer.model.directory.resolve_search`), else the paper's. The sampling
+    settings given on the command line are passed as they are, with or without
+    `--sample`: the `Translator` refuses them for a search, naming them.
     """
-    settings = {
-        "beam_size": 1 if args.greedy else args.beam_size,
-        "length_penalty": args.length_penalty,
-        "max_extra": args.max_extra,
-    }
+    from keras_transformer.model.directory import resolve_search
+
+    beam_size, length_penalty = resolve_search(
+        getattr(args, "model_dir", None), 1 if args.greedy else args.beam_size, args.length_penalty
+    )
+    settings = {"beam_size": beam_size, "length_penalty": length_penalty, "max_extra": args.max_extra}
     if hasattr(args, "batch_size"):
         settings["batch_size"] = args.batch_size
     if getattr(args, "sample", False):

@@ -75,19 +75,23 @@ def export_and_check(model_dir, sentences, *, base_dir="saved_models", name="dem
     SavedModel saved_models/demo/1:
       'on May 29, 2048' -> 'am 29. Mai 2048'
     """
-    from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
+    from keras_transformer.inference.decoding import MAX_DECODE_EXTRA
     from keras_transformer.inference.export import export_saved_model, translate_with_saved_model
     from keras_transformer.inference.translator import Translator
-    from keras_transformer.model.directory import load_model_and_tokenizer
+    from keras_transformer.model.directory import load_model_and_tokenizer, resolve_search
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
+    # The directory's saved search unless kwargs say otherwise, for both sides of the check.
+    kwargs["beam_size"], kwargs["length_penalty"] = resolve_search(
+        model_dir, kwargs.get("beam_size"), kwargs.get("length_penalty")
+    )
     export_dir = export_saved_model(model, tokenizer, base_dir=base_dir, name=name, **kwargs)
     translations, _ = translate_with_saved_model(export_dir, sentences)
     translator = Translator(
         model,
         tokenizer,
-        beam_size=kwargs.get("beam_size", BEAM_SIZE),
-        length_penalty=kwargs.get("length_penalty", LENGTH_PENALTY),
+        beam_size=kwargs["beam_size"],
+        length_penalty=kwargs["length_penalty"],
         max_extra=kwargs.get("max_extra", MAX_DECODE_EXTRA),
         jit_compile=jit_compile,
     )
@@ -144,7 +148,6 @@ def main(argv=None):
 
 def evaluate_test_pairs(result, config, test_pairs):
     """Translates the test pairs as the config says, prints some; `(scores, seconds)`."""
-    from keras_transformer.inference.decoding import BEAM_SIZE
     from keras_transformer.inference.evaluation import evaluate
     from keras_transformer.inference.translator import Translator
 
@@ -152,10 +155,7 @@ def evaluate_test_pairs(result, config, test_pairs):
     references = [reference for _, reference in test_pairs]
     started = time.monotonic()
     translator = Translator(
-        result.model,
-        result.tokenizer,
-        beam_size=1 if config.eval_decode == "greedy" else BEAM_SIZE,
-        batch_size=config.eval_batch_size,
+        result.model, result.tokenizer, **config.search_settings(), batch_size=config.eval_batch_size
     )
     scores, translations = evaluate(translator, sources, references, return_translations=True)
     seconds = time.monotonic() - started

@@ -121,7 +121,10 @@ def _export_ctranslate2(parser, args):
     if args.check:
         from keras_transformer.inference.ctranslate2_translator import CTranslate2Translator
 
-        translator = CTranslate2Translator(path, **common.decoding_settings(args))
+        try:
+            translator = CTranslate2Translator(path, **common.decoding_settings(args))
+        except common.COMMAND_ERRORS as error:
+            common.fail(parser, error)
         translations, scores = translator.translate(args.check, return_scores=True)
         for source, target, score in zip(args.check, translations, scores):
             print(f"  {source!r} -> {target!r} ({score:.3f})")

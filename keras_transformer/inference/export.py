@@ -49,9 +49,9 @@ import keras
 from keras_transformer import checks
 from keras_transformer.atomic import write_directory_atomically
 from keras_transformer.inference import decoding
-from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA
+from keras_transformer.inference.decoding import MAX_DECODE_EXTRA
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
-from keras_transformer.model.directory import load_model_and_tokenizer
+from keras_transformer.model.directory import load_model_and_tokenizer, resolve_search
 
 DEFAULT_BASE_DIR = "saved_models"
 DEFAULT_NAME = "transformer"
@@ -218,8 +218,8 @@ def export_saved_model(
     name=DEFAULT_NAME,
     version=None,
     overwrite=False,
-    beam_size=BEAM_SIZE,
-    length_penalty=LENGTH_PENALTY,
+    beam_size=None,
+    length_penalty=None,
     max_extra=MAX_DECODE_EXTRA,
     ids_only=False,
     n_best=None,
@@ -240,8 +240,10 @@ def export_saved_model(
         version: positive int; defaults to 1 + the highest integer version already
             under `base_dir/name` (1 when there is none).
         overwrite: bool, replace an existing version directory instead of raising.
-        beam_size: int, beams per sentence; 1 exports greedy search. Default 4 (6.1).
-        length_penalty: float, alpha of the length penalty. Default 0.6 (6.1).
+        beam_size: int, beams per sentence; 1 exports greedy search. Defaults to the
+            model directory's search (its run's `eval_beam_size`), else 4 (6.1).
+        length_penalty: float, alpha of the length penalty. Defaults to the model
+            directory's (`eval_length_penalty`), else 0.6 (6.1).
         max_extra: int, extra output tokens over the source length. Default 50 (6.1).
         ids_only: bool, leave the tokenizer out: only token-id signatures, loadable
             where tensorflow-text ops are not.
@@ -269,6 +271,7 @@ def export_saved_model(
 
     _check_name(name)
     model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
+    beam_size, length_penalty = resolve_search(model_dir_or_model, beam_size, length_penalty)
     checks.check_positive_int("beam_size", beam_size)
     checks.check_non_negative_number("length_penalty", length_penalty)
     checks.check_non_negative_int("max_extra", max_extra)

@@ -26,8 +26,8 @@ from keras_transformer.data.pipeline import default_bucket_boundaries
 from keras_transformer.inference import sampling
 from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.inference.text_inputs import checked_strings, encodable, progress_bar
-from keras_transformer.inference.decoding import BEAM_SIZE, DECODE_METHODS, LENGTH_PENALTY, MAX_DECODE_EXTRA
-from keras_transformer.model.directory import load_model_and_tokenizer
+from keras_transformer.inference.decoding import DECODE_METHODS, MAX_DECODE_EXTRA
+from keras_transformer.model.directory import load_model_and_tokenizer, resolve_search
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
 
 DEFAULT_BATCH_SIZE = 64
@@ -60,7 +60,11 @@ class Translator:
     compiled for the backend (`keras_transformer.inference.compiled`). A sentence's
     output may be at most its length + `max_extra` tokens (the paper's "input length +
     50"). The decoding settings are the translator's own arguments: the model's config
-    holds only its architecture.
+    holds only its architecture. A model directory also holds its run's beam search
+    (beam size and length penalty, chosen on the validation split:
+    `keras_transformer.model.directory.resolve_search`), the defaults of the
+    arguments left out; `translator.beam_size` and `translator.length_penalty` say what
+    is used.
 
     `translate(..., n_best=k)` returns the k best hypotheses of beam search, and
     `translate(..., prefixes=[...])` continues each translation from a given start
@@ -98,9 +102,10 @@ class Translator:
         decoding: "beam", "greedy" or "sample" (`DECODINGS`). Defaults to "beam", or
             "greedy" when `beam_size` is 1.
         beam_size: int, beams per sentence; 1 is greedy search unless `decoding="beam"`.
-            Defaults to 4 (6.1). Greedy search and sampling keep one hypothesis.
+            Defaults to the model directory's (its run's `eval_beam_size`, saved in
+            `config.toml`), else 4 (6.1). Greedy search and sampling keep one hypothesis.
         length_penalty: float >= 0, alpha of the length penalty (beam search only).
-            Defaults to 0.6 (6.1).
+            Defaults to the model directory's (`eval_length_penalty`), else 0.6 (6.1).
         max_extra: int >= 0, extra output tokens allowed over the source length.
             Defaults to 50 (6.1).
         batch_size: int, the most sentences decoded together.
@@ -134,8 +139,8 @@ class Translator:
         tokenizer=None,
         *,
         decoding=None,
-        beam_size=BEAM_SIZE,
-        length_penalty=LENGTH_PENALTY,
+        beam_size=None,
+        length_penalty=None,
         max_extra=MAX_DECODE_EXTRA,
         batch_size=DEFAULT_BATCH_SIZE,
         jit_compile=True,
@@ -144,6 +149,7 @@ class Translator:
         top_p=None,
         seed=None,
     ):
+        beam_size, length_penalty = resolve_search(model_dir_or_model, beam_size, length_penalty)
         checks.check_positive_int("beam_size", beam_size)
         if decoding is None:
             decoding = "greedy" if beam_size == 1 else "beam"

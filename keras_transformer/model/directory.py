@@ -9,7 +9,8 @@ model.keras            the trained model (architecture, weights, optimizer state
 tokenizer.model        the joint sentencepiece vocabulary
   or, for a model imported from Marian / OPUS-MT (keras_transformer.marian):
 source.spm, target.spm, vocab.json, marian_tokenizer.json
-config.toml            the RunConfig that produced it, [model] and [training] resolved
+config.toml            the RunConfig that produced it, [model] and [training] resolved;
+                       its eval_beam_size, eval_length_penalty: the model's beam search
 manifest.json          what the run's parts are: the tokenizer's sha256 (its fingerprint)
 training_log.csv       one row per epoch (CSVLogger)
 training_curves.png    loss / accuracy / learning rate / BLEU per epoch
@@ -36,11 +37,13 @@ is complete, so `saved_models/<name>/` is always a whole run: the old one or the
 import hashlib
 import json
 import os
+import tomllib
 import zipfile
 import zlib
 
 import keras
 
+from keras_transformer import checks
 from keras_transformer.atomic import write_text_atomically
 
 # The names of a model directory's parts, defined once. tests/test_callbacks.py checks
@@ -320,8 +323,112 @@ def read_model_config(model_dir):
     return TransformerConfig.from_dict(values)
 
 
+def read_search_settings(model_dir):
+    """The beam search saved with a model directory, as `Translator` arguments.
+
+    The `eval_beam_size` and `eval_length_penalty` of the run's `config.toml` (a
+    `RunConfig`'s, chosen on the validation split): `{"beam_size": 6,
+    "length_penalty": 1.0}`. Only the keys the file holds; `{}` for a directory without
+    a `config.toml` (an import, or one made by hand). Read alone, with `tomllib`: the
+    rest of the run config (its data paths) need not exist where the model is used.
+
+    Raises:
+        ValueError: a `config.toml` that is not TOML, or a value of the wrong type
+            (named, with the file).
+    """
+    path = os.path.join(os.fspath(model_dir), CONFIG_FILE)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, "rb") as file:
+            values = tomllib.load(file)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid TOML: {error}") from None
+    settings = {}
+    try:
+        if "eval_beam_size" in values:
+            checks.check_positive_int("eval_beam_size", values["eval_beam_size"])
+            settings["beam_size"] = values["eval_beam_size"]
+        if "eval_length_penalty" in values:
+            checks.check_non_negative_number("eval_length_penalty", values["eval_length_penalty"])
+            settings["length_penalty"] = float(values["eval_length_penalty"])
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return settings
+
+
+def write_search_settings(model_dir, beam_size, length_penalty):
+    """Saves a beam search in a model directory's `config.toml`; returns the file's path.
+
+    Sets the run's `eval_beam_size` and `eval_length_penalty` (so `read_search_settings`
+    gives them back and a `Translator` of the directory uses them), keeping every other
+    line of the file as it was; written atomically. For a search chosen on the
+    validation split after training (`bench/search_settings.py --save`).
+
+    Raises:
+        FileNotFoundError: the directory has no `config.toml` (it was not written by a run).
+        ValueError: a beam size or length penalty out of range.
+    """
+    checks.check_positive_int("beam_size", beam_size)
+    checks.check_non_negative_number("length_penalty", length_penalty)
+    path = os.path.join(os.fspath(model_dir), CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No {CONFIG_FILE} in the model directory {os.fspath(model_dir)!r}.")
+    read_search_settings(model_dir)  # refuses a file that is not TOML before it is changed
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().splitlines()
+    values = {"eval_beam_size": repr(int(beam_size)), "eval_length_penalty": repr(float(length_penalty))}
+    # Top-level keys come before the first [table]: replace them there, or add them there.
+    end = next((i for i, line in enumerate(lines) if line.lstrip().startswith("[")), len(lines))
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1  # new keys go after the last top-level line, not after the blank before a table
+    for key, value in values.items():
+        found = [i for i in range(end) if _line_key(lines[i]) == key]
+        if found:
+            lines[found[0]] = f"{key} = {value}"
+        else:
+            lines.insert(end, f"{key} = {value}")
+            end += 1
+    write_text_atomically(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _line_key(line):
+    """The key a TOML line assigns (`"beam = 4  # x"` -> "beam"), or None."""
+    key, equals, _ = line.partition("=")
+    key = key.strip()
+    return key if equals and key and not key.startswith("#") else None
+
+
+def resolve_search(model_dir_or_model, beam_size=None, length_penalty=None):
+    """`(beam_size, length_penalty)`: those given, a None one from the model directory.
+
+    A None is the directory's (`read_search_settings`) when `model_dir_or_model` is a
+    directory that saved one, else the paper's (beam 4, alpha 0.6, section 6.1). What a
+    `Translator`, `export_saved_model` and the `kt-*` commands decode with by default.
+
+    Example:
+    >>> resolve_search("no/such/run", beam_size=2)  # nothing saved there: the paper's alpha
+    (2, 0.6)
+    """
+    from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY  # Keras ops: lazily
+
+    if beam_size is None or length_penalty is None:
+        saved = {}
+        if isinstance(model_dir_or_model, (str, os.PathLike)):
+            saved = read_search_settings(model_dir_or_model)
+        if beam_size is None:
+            beam_size = saved.get("beam_size", BEAM_SIZE)
+        if length_penalty is None:
+            length_penalty = saved.get("length_penalty", LENGTH_PENALTY)
+    return beam_size, length_penalty
+
+
 __all__ = [
     "load_model_and_tokenizer",
+    "read_search_settings",
+    "write_search_settings",
+    "resolve_search",
     "load_model_file",
     "check_model_file",
     "read_model_config",

@@ -20,7 +20,7 @@ import warnings
 
 from keras_transformer import checks
 from keras_transformer.data.tokenizer import MODEL_TYPES as TOKENIZER_MODEL_TYPES
-from keras_transformer.inference.decoding import DECODE_METHODS
+from keras_transformer.inference.decoding import BEAM_SIZE, DECODE_METHODS, LENGTH_PENALTY
 from keras_transformer.model.config import LEGACY_FIELDS, TransformerConfig
 from keras_transformer.train.callbacks import EARLY_STOPPING_MONITORS
 from keras_transformer.train.compile import JIT_COMPILE_VALUES
@@ -34,9 +34,11 @@ RESUMABLE_CHANGES = frozenset({
     "name", "output_dir", "overwrite", "epochs", "max_train_seconds", "strategy",
     "jit_compile", "steps_per_execution", "verbose", "keep_checkpoints",
     "bleu_every_epochs", "bleu_samples", "sample_translations", "eval_decode",
-    "eval_batch_size", "early_stopping_patience", "early_stopping_monitor",
-    "early_stopping_min_delta",
+    "eval_beam_size", "eval_length_penalty", "eval_batch_size", "early_stopping_patience",
+    "early_stopping_monitor", "early_stopping_min_delta",
 })
+# The key of a TOML run config that names the file it builds on (RunConfig.from_toml).
+EXTENDS_KEY = "extends"
 # The sub-configs of a run: TOML table name -> the dataclass its keys are fields of.
 _TABLES = {"model": TransformerConfig, "training": TrainingConfig}
 
@@ -129,8 +131,14 @@ class RunConfig:
     early_stopping_monitor: str = "val_loss"
     early_stopping_min_delta: float = 0.0  # the least change that counts as an improvement
 
-    # Evaluation after training (kt-demo, kt-evaluate).
+    # Evaluation after training (kt-demo, bench/multi30k.py): greedy, or the beam search below.
     eval_decode: str = "beam"
+    # The run's beam search (section 6.1: beam 4, alpha 0.6), best chosen on the validation
+    # split, never the test set. It is saved with the model (config.toml), and a
+    # `Translator`, kt-translate, kt-evaluate and kt-export given the model directory use
+    # it unless told otherwise, as a Hugging Face model's generation_config.json is used.
+    eval_beam_size: int = BEAM_SIZE
+    eval_length_penalty: float = LENGTH_PENALTY
     eval_batch_size: int = 128
 
     def __post_init__(self):
@@ -145,13 +153,14 @@ class RunConfig:
         checks.check_choice("eval_decode", self.eval_decode, DECODE_METHODS)
         checks.check_choice("verbose", self.verbose, (0, 1, 2))
         for name in ("epochs", "vocab_size", "steps_per_execution", "bleu_samples",
-                     "eval_batch_size", "tokens_per_batch"):
+                     "eval_beam_size", "eval_batch_size", "tokens_per_batch"):
             checks.check_positive_int(name, getattr(self, name))
         for name in ("steps_per_epoch", "keep_checkpoints", "checkpoint_every_steps", "bleu_every_epochs",
                      "sample_translations", "max_train_pairs", "bucket_width",
                      "tokenizer_max_sentences", "demo_num_train"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
+        checks.check_non_negative_number("eval_length_penalty", self.eval_length_penalty)
         self._check_early_stopping()
         separators = [sep for sep in ("/", os.sep, os.altsep) if sep]
         if not self.name or self.name.startswith(".") or "\0" in self.name or any(
@@ -210,6 +219,18 @@ class RunConfig:
     def model_dir(self):
         """Where the run writes everything: `output_dir/name`."""
         return os.path.join(self.output_dir, self.name)
+
+    def search_settings(self):
+        """The `Translator` arguments of the run's evaluation search, as `eval_decode` says.
+
+        Example:
+        >>> RunConfig(eval_beam_size=6, eval_length_penalty=1.0).search_settings()
+        {'beam_size': 6, 'length_penalty': 1.0}
+        >>> RunConfig(eval_decode="greedy").search_settings()
+        {'beam_size': 1, 'length_penalty': 0.6}
+        """
+        beam_size = 1 if self.eval_decode == "greedy" else self.eval_beam_size
+        return {"beam_size": beam_size, "length_penalty": float(self.eval_length_penalty)}
 
     def model_config(self, vocab_size=None):
         """The `TransformerConfig` of the run: preset, `[model]` overrides, vocabulary size.
@@ -330,12 +351,14 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path, overrides=()):
-        """Reads a TOML file (with `tomllib`) and applies `--set` style `overrides`."""
-        with open(path, "rb") as file:
-            try:
-                values = tomllib.load(file)
-            except tomllib.TOMLDecodeError as error:
-                raise ValueError(f"{path} is not valid TOML: {error}") from error
+        """Reads a TOML file (with `tomllib`) and applies `--set` style `overrides`.
+
+        A file may build on another: `extends = "multi30k.toml"` (a path relative to the
+        file) reads that one first, then this file's keys replace its keys, the `[model]`
+        and `[training]` tables key by key. So a second direction of a recipe says only
+        what differs, and a change to the recipe reaches both.
+        """
+        values = _read_toml_values(path)
         try:
             config = cls.from_dict(values)
         except ValueError as error:
@@ -366,6 +389,38 @@ class RunConfig:
             # TOML has no null: None (clipnorm, dtype_policy) is the default, so it is omitted.
             lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None]
         return "\n".join(lines) + "\n"
+
+
+def _read_toml_values(path, extended_by=()):
+    """The table of a TOML run config with its `extends` chain resolved (see `from_toml`)."""
+    path = os.path.abspath(os.fspath(path))
+    if path in extended_by:
+        chain = " -> ".join(extended_by + (path,))
+        raise ValueError(f"`extends` goes round in a circle: {chain}. Expected a chain that ends.")
+    with open(path, "rb") as file:
+        try:
+            values = tomllib.load(file)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path} is not valid TOML: {error}") from error
+    if EXTENDS_KEY not in values:
+        return values
+    parent = values.pop(EXTENDS_KEY)
+    if not isinstance(parent, str) or not parent:
+        raise ValueError(
+            f"{path}: `{EXTENDS_KEY}` must be the path of another run config, relative to this "
+            f"file. Received: {EXTENDS_KEY}={parent!r}"
+        )
+    parent_path = os.path.join(os.path.dirname(path), parent)
+    if not os.path.isfile(parent_path):
+        raise FileNotFoundError(
+            f"{path}: {EXTENDS_KEY}={parent!r} names {parent_path}, which is not a file. "
+            "Expected a path relative to the file that extends it."
+        )
+    base = _read_toml_values(parent_path, extended_by + (path,))
+    for table in _TABLES:
+        if isinstance(base.get(table), dict) and isinstance(values.get(table), dict):
+            values[table] = {**base[table], **values[table]}
+    return {**base, **values}
 
 
 def _field_types(cls):
