@@ -401,7 +401,9 @@ def _search_cell(run, scores):
     if scores is None:
         return ""
     search = run["search"]
-    return f"{scores['bleu']:.2f} (beam {search['beam_size']}, α {search['length_penalty']:g})"
+    alpha = f"{search['length_penalty']:g}"
+    alpha += "" if "." in alpha else ".0"  # "1.0", as the configs write it
+    return f"{scores['bleu']:.2f} (beam {search['beam_size']}, α {alpha})"
 
 
 if __name__ == "__main__":
