@@ -120,7 +120,7 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
     sources = [source for source, _ in test_pairs]
     references = [target for _, target in test_pairs]
     searches = {"beam": PAPER_SEARCH, "greedy": {"beam_size": 1, "length_penalty": 0.6}}
-    config_search = {"beam_size": run_config.eval_beam_size, "length_penalty": run_config.eval_length_penalty}
+    config_search = run_config.search_settings()
     if config_search != PAPER_SEARCH:
         searches["search"] = config_search
     scores = {}
