@@ -165,11 +165,14 @@ def test_shipped_configs_parse(name):
         assert (config.train_split, config.validation_split, config.test_split) == (
             "train", "val", "test_2016_flickr",
         )
-    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search
-        reversed_recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml")).replace(
-            name=name, source_lang="en", target_lang="de", eval_beam_size=6, eval_length_penalty=1.4
+    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search and batch
+        recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
+        reversed_recipe = recipe.replace(
+            name=name, source_lang="en", target_lang="de", eval_beam_size=6, eval_length_penalty=1.4,
+            tokens_per_batch=2048, training={**recipe.training, "warmup_steps": 400},
         )
         assert config == reversed_recipe
+        assert config.training["learning_rate_scale"] == recipe.training["learning_rate_scale"]  # merged, not replaced
     if name == "base":
         assert (model.d_model, model.num_encoder_layers, model.vocab_size) == (512, 6, 37000)
         assert config.keep_checkpoints == 5
