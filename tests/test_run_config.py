@@ -172,7 +172,6 @@ def test_shipped_configs_parse(name):
             tokens_per_batch=2048, training={**recipe.training, "warmup_steps": 400},
         )
         assert config == reversed_recipe
-        assert config.training["learning_rate_scale"] == recipe.training["learning_rate_scale"]  # merged, not replaced
     if name == "base":
         assert (model.d_model, model.num_encoder_layers, model.vocab_size) == (512, 6, 37000)
         assert config.keep_checkpoints == 5
