@@ -55,6 +55,7 @@ from keras_transformer.train.curves import plot_training_curves
 from keras_transformer.train.run_config import RunConfig
 from keras_transformer.train.run_directory import (
     RunDirectory,
+    backed_up_epochs,
     describe_plan,
     exclusive_use,
     finish_run,
@@ -149,7 +150,10 @@ def run_training(run_config, *, print_fn=print):
             print_fn, "tokenizer", lambda: prepare_tokenizer(run_config, splits["train"], plan.staging, plan.resuming)
         )
         config = run_config.model_config(tokenizer.vocab_size)
-        datasets = make_datasets(run_config, config, splits, tokenizer)
+        backup = os.path.join(plan.staging, model_directory.BACKUP_DIR)
+        datasets = make_datasets(
+            run_config, config, splits, tokenizer, completed_epochs=backed_up_epochs(backup) if plan.resuming else 0
+        )
         # Build, compile and fit in the scope: tf.distribute places variables as they
         # are made, and keras.distribution (JAX) is set for the scope's duration only.
         with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
@@ -263,10 +267,19 @@ class Datasets:
     train: object
     validation: object
     train_stats: object
+    # Batches in one Keras epoch; None: one pass over `train` (it then ends).
+    steps_per_epoch: typing.Optional[int] = None
 
 
-def make_datasets(run_config, config, splits, tokenizer):
-    """Training and validation batches (token budget, padded to length buckets; training's packed with `packing`)."""
+def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
+    """Training and validation batches (token budget, padded to length buckets; training's packed with `packing`).
+
+    With `bidirectional_steps` N, training starts with N batches of the pairs read both
+    ways (`keras_transformer.data.bidirectional`), less those of the `completed_epochs`
+    a resumed run restarts after, and repeats: each Keras epoch is then `steps_per_epoch`
+    batches (default one pass's worth of source->target batches).
+    """
+    from keras_transformer.data.bidirectional import bidirectional_pairs, bidirectional_then_forward
     from keras_transformer.data.pipeline import make_dataset
 
     batching = dict(
@@ -274,19 +287,33 @@ def make_datasets(run_config, config, splits, tokenizer):
         max_length=config.max_length,
         tokens_per_batch=run_config.tokens_per_batch,
         bucket_boundaries=run_config.bucket_boundaries(config.max_length),
+        packing=run_config.packing,
     )
+    bidirectional = run_config.bidirectional_steps > 0
     train, train_stats = make_dataset(
         splits["train"],
         tokenizer,
         seed=run_config.seed,
-        repeat=bool(run_config.steps_per_epoch),
-        packing=run_config.packing,
+        repeat=bool(run_config.steps_per_epoch) or bidirectional,
         **batching,
     )
+    steps_per_epoch = run_config.steps_per_epoch or None
+    if bidirectional:
+        steps_per_epoch = steps_per_epoch or train_stats.num_batches
+        both, _ = make_dataset(
+            bidirectional_pairs(splits["train"]),
+            tokenizer,
+            seed=run_config.seed + 2,  # make_dataset shuffles with seed and seed + 1
+            repeat=True,
+            **batching,
+        )
+        remaining = max(0, run_config.bidirectional_steps - completed_epochs * steps_per_epoch)
+        train = bidirectional_then_forward(both, train, remaining)
     validation = None
     if splits.get("validation"):
+        batching["packing"] = False
         validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
-    return Datasets(train=train, validation=validation, train_stats=train_stats)
+    return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
 
 
 def build_and_compile(run_config, config):
@@ -327,7 +354,7 @@ def fit(model, run_config, datasets, callbacks, replicas):
         train,
         validation_data=validation,
         epochs=epochs,
-        steps_per_epoch=run_config.steps_per_epoch or None,
+        steps_per_epoch=datasets.steps_per_epoch or run_config.steps_per_epoch or None,
         callbacks=callbacks + [counter],  # after BackupAndRestore: counts from the restored step
         verbose=run_config.verbose,
         shuffle=False,  # the dataset shuffles itself, seeded (True would only warn)
@@ -459,6 +486,12 @@ def _print_summary(print_fn, run_config, config, model, replicas, train_stats, t
         f"batches: <= {run_config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
         f"real target tokens per batch; {steps_per_epoch} steps per epoch; {train_stats}"
     )
+    if run_config.bidirectional_steps:
+        print_fn(
+            f"bidirectional: the first {run_config.bidirectional_steps:,} steps read the pairs both ways "
+            f"({run_config.source_lang}<->{run_config.target_lang}), then "
+            f"{run_config.source_lang}->{run_config.target_lang} only"
+        )
     if training.gradient_accumulation_steps > 1:
         accumulation = training.gradient_accumulation_steps
         print_fn(

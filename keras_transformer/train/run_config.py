@@ -91,6 +91,10 @@ class RunConfig:
     # Several pairs per row of max_length tokens (make_dataset(packing=True)): almost no
     # padding, longer rows; the buckets above are then not used. Training batches only.
     packing: bool = False
+    # Training steps (batches) at the start that read every pair both ways, source->target
+    # and target->source, before source->target alone (keras_transformer.data.bidirectional:
+    # BiT, Ding et al. 2021, spends the first third of the steps so); 0: none.
+    bidirectional_steps: int = 0
 
     # Tokenizer: one sentencepiece vocabulary for both languages (section 5.1).
     vocab_size: int = 8000
@@ -157,7 +161,7 @@ class RunConfig:
             checks.check_positive_int(name, getattr(self, name))
         for name in ("steps_per_epoch", "keep_checkpoints", "checkpoint_every_steps", "bleu_every_epochs",
                      "sample_translations", "max_train_pairs", "bucket_width",
-                     "tokenizer_max_sentences", "demo_num_train"):
+                     "tokenizer_max_sentences", "demo_num_train", "bidirectional_steps"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
         checks.check_non_negative_number("eval_length_penalty", self.eval_length_penalty)

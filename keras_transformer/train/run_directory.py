@@ -186,6 +186,21 @@ def repair_backup(backup_dir):
     return "the first backup was cut short by the kill; training starts again from epoch 1"
 
 
+def backed_up_epochs(backup_dir):
+    """The epochs a killed run finished, as the `backup/` it resumes from records them.
+
+    The pair `repair_backup` keeps: the latest when it reads whole, else the one before
+    it; 0 when there is none (the run starts again from the first epoch). Read before
+    the backup is repaired, so that the data can start where training will.
+    """
+    latest = [os.path.join(backup_dir, name) for name in _BACKUP_FILES]
+    for weights, metadata in (latest, [f"{path}.bkp" for path in latest]):
+        if _backup_readable(weights, metadata):
+            with open(metadata, encoding="utf-8") as file:
+                return json.load(file)["epoch"]
+    return 0
+
+
 def finish_run(plan, tokenizer, print_fn=print):
     """Completes the run: `manifest.json`, then the staging directory renamed into place.
 
@@ -375,6 +390,7 @@ __all__ = [
     "staging_directory",
     "stage_run",
     "repair_backup",
+    "backed_up_epochs",
     "finish_run",
     "replace_with_staged_run",
     "recover_interrupted_swap",
