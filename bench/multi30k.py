@@ -261,11 +261,17 @@ def _plot_minutes(runs, path):
     if not runs:
         return
     figure, axes = plt.subplots(figsize=(7.0, 4.5 + 0.3 * len(runs)))
-    for run in runs:
+    # tab20: no two runs share a colour up to 20 (tab10's cycle repeats after 10); the
+    # line style tells the directions apart.
+    colours = plt.get_cmap("tab20").colors
+    for index, run in enumerate(runs):
         points = run["bleu_against_minutes"]
         # Wrapped: a run's overrides can be longer than the chart is wide.
         label = textwrap.fill(f"{run['direction']}, changes from the recipe: {_changes(run)}", 90)
-        axes.plot([p["minutes"] for p in points], [p["greedy_bleu"] for p in points], marker="o", label=label)
+        axes.plot(
+            [p["minutes"] for p in points], [p["greedy_bleu"] for p in points], marker="o", label=label,
+            color=colours[index % len(colours)], linestyle="-" if run["direction"] == "de-en" else "--",
+        )
     axes.set_xlabel("minutes of model.fit")
     axes.set_ylabel("test2016 sacreBLEU, greedy")
     axes.set_title("Multi30k: BLEU of the checkpoints along a 45-minute run", fontsize=10)
