@@ -190,3 +190,31 @@ def test_a_bidirectional_run_trains_and_counts_its_epochs_in_source_target_passe
     assert "bidirectional: the first 3 steps read the pairs both ways (en<->de), then en->de only" in capsys.readouterr().out
     assert result.steps == 2 * result.steps_per_epoch  # epochs of source->target passes
     assert np.isfinite(result.history.history["val_loss"]).all()
+
+
+class _Recorder(keras.layers.Layer):
+    """Passes its input through; in training, records the first value of each batch."""
+
+    def __init__(self, seen, **kwargs):
+        super().__init__(**kwargs)
+        self.record = seen.append  # a list attribute would be tracked: Keras would copy it
+
+    def call(self, inputs, training=None):
+        if training and not isinstance(inputs, keras.KerasTensor):
+            self.record(int(keras.ops.convert_to_numpy(inputs)[0, 0]))
+        return inputs
+
+
+def test_keras_epochs_do_not_restart_the_bidirectional_steps():
+    # What fit trains on, step by step: with steps_per_epoch, Keras keeps one iterator
+    # across epochs, so the bidirectional batches come once, not at every epoch's start.
+    both = tf.data.Dataset.range(100, 200).repeat()
+    forward = tf.data.Dataset.range(10).repeat()
+    joined = bidirectional_then_forward(both, forward, 5).map(
+        lambda i: (tf.fill((1, 1), tf.cast(i, tf.float32)), tf.zeros((1, 1)))
+    )
+    seen = []
+    model = keras.Sequential([keras.Input((1,)), _Recorder(seen), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    model.fit(joined, epochs=4, steps_per_epoch=3, verbose=0)
+    assert seen == [100, 101, 102, 103, 104, 0, 1, 2, 3, 4, 5, 6]
