@@ -11,6 +11,8 @@ Two datasets of token-budget batches are joined here rather than one mixed: the 
 happens at an exact step, so a resumed run can start at the right place in it.
 """
 
+from keras_transformer import checks
+
 
 def bidirectional_pairs(pairs):
     """`pairs` and each pair reversed: `[(s, t), ...] + [(t, s), ...]`.
@@ -55,8 +57,7 @@ def bidirectional_then_forward(bidirectional, forward, steps):
     Returns:
         A `tf.data.Dataset`: `bidirectional.take(steps).concatenate(forward)`.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"`steps` must be an integer >= 0. Received: steps={steps!r}")
+    checks.check_non_negative_int("steps", steps)
     if steps == 0:
         return forward
     return bidirectional.take(steps).concatenate(forward)

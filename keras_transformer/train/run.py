@@ -311,7 +311,7 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
         train = bidirectional_then_forward(both, train, remaining)
     validation = None
     if splits.get("validation"):
-        batching["packing"] = False
+        batching["packing"] = False  # packing is for the training batches only
         validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
     return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
 
