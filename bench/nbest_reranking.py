@@ -116,13 +116,12 @@ def mbr_choice(lists, utility, temperature):
     return chosen
 
 
-def settings(reverse_available):
+def settings():
     for utility in ("bleu", "chrf"):
         for temperature in MBR_TEMPERATURES:
             yield {"method": "mbr", "utility": utility, "temperature": temperature}
-    if reverse_available:
-        for weight in CHANNEL_WEIGHTS:
-            yield {"method": "reverse score", "weight": weight}
+    for weight in CHANNEL_WEIGHTS:
+        yield {"method": "reverse score", "weight": weight}
 
 
 def choose(setting, lists, reverse):
@@ -178,7 +177,7 @@ def main(argv=None):
         oracle = oracle_bleu(lists, references)
         return rows, {"decode_seconds": round(decode_seconds, 1), "oracle_bleu": oracle}
 
-    val_rows, val_info = run("val", list(settings(reverse_available=True)))
+    val_rows, val_info = run("val", list(settings()))
     print(f"val search: {val_rows[0]['bleu']:.2f}; oracle {val_info['oracle_bleu']:.2f}")
     best = max(val_rows[1:], key=lambda row: row["bleu"])
     best_setting = {key: value for key, value in best.items() if key != "bleu"}
