@@ -108,6 +108,8 @@ def mbr_choice(lists, utility, temperature):
         else:
             weights = np.exp((scores - scores.max()) / temperature)
             weights /= weights.sum()
+        # Each hypothesis is also a pseudo-reference for itself, at the utility of a
+        # perfect match (100), as when the references are samples that may repeat it.
         expected = [
             sum(w * (100.0 if i == j else metric.sentence_score(candidate, [texts[i]]).score) for i, w in enumerate(weights))
             for j, candidate in enumerate(texts)
@@ -135,6 +137,18 @@ def describe(setting):
         weighting = "uniform" if setting["temperature"] is None else f"T {setting['temperature']:g}"
         return f"MBR {setting['utility']} ({weighting})"
     return f"reverse score, weight {setting['weight']:g}"
+
+
+def oracle_bleu(lists, references):
+    """Corpus BLEU of the hypothesis with the best sentence BLEU: the ceiling of any reranker."""
+    import sacrebleu.metrics
+
+    metric = sacrebleu.metrics.BLEU(effective_order=True)
+    best = [
+        max((text for text, _ in hypotheses), key=lambda text: metric.sentence_score(text, [reference]).score)
+        for hypotheses, reference in zip(lists, references)
+    ]
+    return round(sacrebleu_scores(best, references)["bleu"], 2)
 
 
 def main(argv=None):
@@ -198,18 +212,6 @@ def main(argv=None):
         "machine": machine.machine_info(),
     }
     machine.write_json(results_path, payload)
-
-
-def oracle_bleu(lists, references):
-    """Corpus BLEU of the hypothesis with the best sentence BLEU: the ceiling of any reranker."""
-    import sacrebleu.metrics
-
-    metric = sacrebleu.metrics.BLEU(effective_order=True)
-    best = [
-        max((text for text, _ in hypotheses), key=lambda text: metric.sentence_score(text, [reference]).score)
-        for hypotheses, reference in zip(lists, references)
-    ]
-    return round(sacrebleu_scores(best, references)["bleu"], 2)
 
 
 if __name__ == "__main__":
