@@ -1,0 +1,123 @@
+"""`bench/step_matched_screen.py`: its numpy batches are the pipeline's, its padding is inert.
+
+The screen replays a CPU budget's updates on another device from batches made by numpy,
+so what it measures is only the recipe's if (1) every epoch's batches have the shapes
+`make_dataset` gives the same pairs, each kept pair once, and (2) padding a batch to the
+screen's fixed shapes changes neither the loss nor the update.
+"""
+
+import collections
+import pathlib
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from conftest import tiny_config, to_numpy
+from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
+from keras_transformer.data.tokenizer import train_tokenizer
+from keras_transformer.special_tokens import BOS_ID, EOS_ID
+from test_packing import sgd_step
+from test_pipeline import make_pairs
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from bench.step_matched_screen import epoch_batches, fitting, padded_batches  # noqa: E402
+
+MAX_LENGTH = 12  # some toy pairs are longer: the drop is exercised
+TOKENS_PER_BATCH = 48
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return make_pairs()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pairs):
+    return train_tokenizer([side for pair in pairs for side in pair], 40)
+
+
+def token_ids(tokenizer, pairs):
+    source = [list(map(int, ids)) for ids in tokenizer.tokenize([s for s, _ in pairs]).to_list()]
+    target = [list(map(int, ids)) for ids in tokenizer.tokenize([t for _, t in pairs]).to_list()]
+    return source, target
+
+
+def test_an_epoch_has_the_batch_shapes_of_make_dataset_and_each_kept_pair_once(pairs, tokenizer):
+    boundaries = evenly_spaced_boundaries(4, MAX_LENGTH)
+    dataset, stats = make_dataset(
+        pairs, tokenizer, max_length=MAX_LENGTH, tokens_per_batch=TOKENS_PER_BATCH,
+        bucket_boundaries=boundaries,
+    )
+    expected = collections.Counter(labels.shape[::-1] for _, labels in dataset.as_numpy_iterator())
+    source, target = fitting(*token_ids(tokenizer, pairs), MAX_LENGTH)
+    assert len(source) == stats.kept < stats.total  # the same pairs dropped
+    rng = np.random.default_rng(0)
+    for _ in range(2):  # each epoch, reshuffled
+        batches = epoch_batches(source, target, rng, np.array(boundaries), TOKENS_PER_BATCH)
+        assert collections.Counter((boundary, len(rows)) for rows, boundary in batches) == expected
+        assert sorted(np.concatenate([rows for rows, _ in batches]).tolist()) == list(range(len(source)))
+        for rows, boundary in batches:
+            lengths = [max(len(source[i]), len(target[i])) + 1 for i in rows]
+            assert max(lengths) <= boundary and min(lengths) > boundary - 4  # the right bucket
+
+
+def archive_of(source, target, batches, max_length):
+    """What `prepare` writes, as `padded_batches` reads it."""
+    flat = [ids for rows, _ in batches for i in rows for ids in (source[i], target[i])]
+    meta = {"model": {"max_length": max_length}}
+    archive = {
+        "tokens": np.concatenate([np.asarray(ids, np.int16) for ids in flat]),
+        "lengths": np.array([len(ids) for ids in flat], np.int16),
+        "batch_rows": np.array([len(rows) for rows, _ in batches]),
+        "batch_boundaries": np.array([boundary for _, boundary in batches]),
+    }
+    return archive, meta
+
+
+def test_padded_batches_hold_each_pair_as_the_pipeline_shapes_it():
+    source, target = [[5, 6], [7], [8, 9, 10], [17]], [[11], [12, 13, 14], [15, 16], [18]]
+    batches = [(np.array([2, 0]), 4), (np.array([1]), 20), (np.array([3]), 8)]
+    archive, meta = archive_of(source, target, batches, max_length=24)
+    (first, first_labels), (second, second_labels), (third, third_labels) = padded_batches(archive, meta)
+    # Buckets 4 and 8 pad to 16 columns and the 2 rows of the group's largest batch; bucket
+    # 20 pads to the last group, the model's max_length (24).
+    assert first["encoder_inputs"].shape == third["encoder_inputs"].shape == (2, 16)
+    assert second["encoder_inputs"].shape == (1, 24)
+    np.testing.assert_array_equal(first["encoder_inputs"][:, :4], [[8, 9, 10, EOS_ID], [5, 6, EOS_ID, 0]])
+    np.testing.assert_array_equal(first["decoder_inputs"][:, :3], [[BOS_ID, 15, 16], [BOS_ID, 11, 0]])
+    np.testing.assert_array_equal(first_labels[:, :3], [[15, 16, EOS_ID], [11, EOS_ID, 0]])
+    np.testing.assert_array_equal(second["decoder_inputs"][0, :5], [BOS_ID, 12, 13, 14, 0])
+    np.testing.assert_array_equal(second_labels[0, :5], [12, 13, 14, EOS_ID, 0])
+    np.testing.assert_array_equal(third["encoder_inputs"][:, :3], [[17, EOS_ID, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(third_labels[:, :3], [[18, EOS_ID, 0], [0, 0, 0]])
+    for inputs, labels, real in ((first, first_labels, 7), (second, second_labels, 2), (third, third_labels, 2)):
+        # Everything past the pairs is padding.
+        assert int((inputs["encoder_inputs"] > 0).sum()) == real
+        assert int((inputs["decoder_inputs"] > 0).sum()) == int((labels > 0).sum())
+
+
+def test_padding_to_the_screen_shapes_changes_neither_loss_nor_update(pairs, tokenizer):
+    source, target = fitting(*token_ids(tokenizer, pairs), MAX_LENGTH)
+    batches = epoch_batches(source, target, np.random.default_rng(1), np.array([4, 8, 12]), TOKENS_PER_BATCH)
+    rows, boundary = next((rows, boundary) for rows, boundary in batches if boundary == 8 and len(rows) > 2)
+    larger = max(batches, key=lambda batch: len(batch[0]))
+    assert len(larger[0]) > len(rows)
+    archive, meta = archive_of(source, target, [(rows, boundary), larger], MAX_LENGTH)
+    padded, padded_labels = padded_batches(archive, meta)[0]
+    # Padded in both directions: to the group's length (12) and to the larger batch's rows.
+    assert padded_labels.shape == (len(larger[0]), MAX_LENGTH)
+    exact = {key: value[:len(rows), :boundary] for key, value in padded.items()}
+    keras.utils.set_random_seed(3)
+    first = kt.build_transformer(tiny_config(vocab_size=tokenizer.vocab_size, max_length=16))
+    second = kt.build_transformer(tiny_config(vocab_size=tokenizer.vocab_size, max_length=16))
+    second.set_weights(first.get_weights())
+    before = [to_numpy(weight) for weight in first.trainable_weights]
+    loss_exact, after_exact = sgd_step(first, exact, padded_labels[:len(rows), :boundary])
+    loss_padded, after_padded = sgd_step(second, padded, padded_labels)
+    np.testing.assert_allclose(loss_padded, loss_exact, rtol=1e-5)
+    for start, alone, together in zip(before, after_exact, after_padded):
+        np.testing.assert_allclose(together - start, alone - start, atol=2e-5)
+    assert sum(int(np.abs(a - s).max() > 1e-4) for s, a in zip(before, after_exact)) > len(before) // 2
