@@ -53,11 +53,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 
-def read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
 def fitting(source_ids, target_ids, max_length):
     """The pairs that fit `max_length` once EOS / BOS are added; `make_dataset` drops the rest."""
     kept = [i for i, (s, t) in enumerate(zip(source_ids, target_ids)) if max(len(s), len(t)) + 1 <= max_length]
@@ -88,6 +83,7 @@ def prepare(args):
     import sentencepiece
 
     from keras_transformer.data.pipeline import default_bucket_boundaries, evenly_spaced_boundaries
+    from keras_transformer.data.readers import read_parallel_files
     from keras_transformer.train.run_config import RunConfig
 
     model_dir = pathlib.Path(args.model_dir)
@@ -95,8 +91,9 @@ def prepare(args):
     processor = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
     data = pathlib.Path(args.data_dir)
     src, tgt = config.source_lang, config.target_lang
-    train_src = read_lines(data / f"{config.train_split}.{src}")
-    train_tgt = read_lines(data / f"{config.train_split}.{tgt}")
+    # The reader the runs use (stripped sentences, malformed lines refused).
+    train = read_parallel_files(data / f"{config.train_split}.{src}", data / f"{config.train_split}.{tgt}")[0]
+    train_src, train_tgt = [s for s, _ in train], [t for _, t in train]
     model = config.model_config().to_dict()
     max_length = model["max_length"]
     boundaries = np.array(
@@ -135,15 +132,15 @@ def prepare(args):
     }
     out = pathlib.Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    val_src = read_lines(data / f"{config.validation_split}.{src}")
+    val = read_parallel_files(data / f"{config.validation_split}.{src}", data / f"{config.validation_split}.{tgt}")[0]
     np.savez_compressed(
         out,
         tokens=np.concatenate([np.asarray(ids, id_type) for ids in flat]),
         lengths=np.asarray(lengths, np.int16),
         batch_rows=np.asarray(batch_rows, np.int32),
         batch_boundaries=np.asarray(batch_boundaries, np.int16),
-        val_source=np.array(json.dumps([processor.encode(line) for line in val_src])),
-        val_reference=np.array(json.dumps(read_lines(data / f"{config.validation_split}.{tgt}"))),
+        val_source=np.array(json.dumps([processor.encode(source) for source, _ in val])),
+        val_reference=np.array(json.dumps([target for _, target in val])),
         tokenizer=np.frombuffer(processor.serialized_model_proto(), np.uint8),
         meta=np.array(json.dumps(meta)),
     )

@@ -12,31 +12,18 @@ import sys
 
 import keras
 import numpy as np
-import pytest
 
 import keras_transformer as kt
 from conftest import tiny_config, to_numpy
 from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
-from keras_transformer.data.tokenizer import train_tokenizer
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
-from test_packing import sgd_step
-from test_pipeline import make_pairs
+from test_packing import pairs, sgd_step, tokenizer  # noqa: F401 (pairs, tokenizer: fixtures)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench.step_matched_screen import epoch_batches, fitting, padded_batches  # noqa: E402
 
 MAX_LENGTH = 12  # some toy pairs are longer: the drop is exercised
 TOKENS_PER_BATCH = 48
-
-
-@pytest.fixture(scope="module")
-def pairs():
-    return make_pairs()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(pairs):
-    return train_tokenizer([side for pair in pairs for side in pair], 40)
 
 
 def token_ids(tokenizer, pairs):
