@@ -81,5 +81,6 @@ def main(argv=None):
     print(json.dumps(payload["relative_to_first"]))
     print(machine.write_json(args.output, payload))
 
+
 if __name__ == "__main__":
     main()

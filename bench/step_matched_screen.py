@@ -4,8 +4,9 @@ A 45-minute CPU run (bench/multi30k.py) tests one change an hour. What a recipe 
 in that budget is set by the updates that fit in it (3,981 for en->de at 2,048 tokens a
 batch on a 2-core Xeon), not by the device that makes them: this script replays that
 many updates of the same batching on any device, so a GPU screens a change in minutes
-(6 to 7 on one H100, decoding val included). A change that wins here is then run in the real budget with bench/multi30k.py;
-a change that costs step time (a wider model) must be screened at its own step count.
+(6 to 7 on one H100, decoding val included). A change that wins here is then run in the
+real budget with bench/multi30k.py; a change that costs step time (a wider model) must be
+screened at its own step count.
 
 Two stages, because the accelerator machine need not have TensorFlow:
 
@@ -53,9 +54,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 
+def pair_length(source_ids, target_ids):
+    """A pair's padded length once EOS / BOS are added, as `pipeline.example_length` counts it."""
+    return max(len(source_ids), len(target_ids)) + 1
+
+
 def fitting(source_ids, target_ids, max_length):
     """The pairs that fit `max_length` once EOS / BOS are added; `make_dataset` drops the rest."""
-    kept = [i for i, (s, t) in enumerate(zip(source_ids, target_ids)) if max(len(s), len(t)) + 1 <= max_length]
+    kept = [i for i, pair in enumerate(zip(source_ids, target_ids)) if pair_length(*pair) <= max_length]
     return [source_ids[i] for i in kept], [target_ids[i] for i in kept]
 
 
@@ -64,7 +70,7 @@ def epoch_batches(source_ids, target_ids, rng, boundaries, tokens_per_batch):
 
     Returns a list of index arrays (pairs of one batch) and their padded lengths.
     """
-    lengths = np.array([max(len(s), len(t)) + 1 for s, t in zip(source_ids, target_ids)])
+    lengths = np.array([pair_length(s, t) for s, t in zip(source_ids, target_ids)])
     order = rng.permutation(len(lengths))
     buckets = {boundary: [] for boundary in boundaries}
     sizes = {boundary: max(1, tokens_per_batch // boundary) for boundary in boundaries}
@@ -201,6 +207,8 @@ def decode_val(model, archive, meta, method, batch_size=128, limit=None):
             ids, _ = beam_decode(model, encoder, beam_size=meta["beam_size"], alpha=meta["length_penalty"])
         else:
             ids, _ = greedy_decode(model, encoder)
+        # Cut at EOS here: the package's `ids_before_eos` lives with the TensorFlow tokenizer,
+        # which this stage does without.
         for row in np.asarray(ids)[:len(chunk)]:
             row = list(row)
             row = row[:row.index(EOS_ID)] if EOS_ID in row else row

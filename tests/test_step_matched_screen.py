@@ -20,7 +20,7 @@ from keras_transformer.special_tokens import BOS_ID, EOS_ID
 from test_packing import pairs, sgd_step, tokenizer  # noqa: F401 (pairs, tokenizer: fixtures)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from bench.step_matched_screen import epoch_batches, fitting, padded_batches  # noqa: E402
+from bench.step_matched_screen import epoch_batches, fitting, padded_batches, pair_length  # noqa: E402
 
 MAX_LENGTH = 12  # some toy pairs are longer: the drop is exercised
 TOKENS_PER_BATCH = 48
@@ -47,7 +47,7 @@ def test_an_epoch_has_the_batch_shapes_of_make_dataset_and_each_kept_pair_once(p
         assert collections.Counter((boundary, len(rows)) for rows, boundary in batches) == expected
         assert sorted(np.concatenate([rows for rows, _ in batches]).tolist()) == list(range(len(source)))
         for rows, boundary in batches:
-            lengths = [max(len(source[i]), len(target[i])) + 1 for i in rows]
+            lengths = [pair_length(source[i], target[i]) for i in rows]
             assert max(lengths) <= boundary and min(lengths) > boundary - 4  # the right bucket
 
 
