@@ -33,8 +33,8 @@ Writes the models to `saved_models/multi30k_<src>_<tgt>/` (TensorBoard logs and 
 test translations there too) and the scores to `bench/results/multi30k.json` (every run
 in `runs`; per direction, the latest run of the recipe as shipped, without `--set`) with
 charts, `bench/results/multi30k.png` (the recipe's BLEU per direction) and
-`bench/results/multi30k_minutes.png` (BLEU against training minutes, every run that has
-a curve), and each direction's training curves,
+`bench/results/multi30k_minutes.png` (BLEU against training minutes: per direction, the
+recipe and the three other runs that score highest on val), and each direction's training curves,
 `bench/results/multi30k_<src>_<tgt>_curves.png`. `--markdown` prints the run table of
 the results file; `--charts` redraws the charts from it.
 """
@@ -250,38 +250,64 @@ def _plot(entries, path):
     )
 
 
-def _plot_minutes(runs, path):
-    """Greedy test2016 BLEU against training minutes, one line per run that has a curve."""
+def _plot_minutes(payload, path, others=3):
+    """Greedy test2016 BLEU against training minutes: one panel per direction, with its
+    shipped recipe and the `others` runs scoring highest on val (beam 4), so that the
+    best few configurations stay readable however many runs the table holds."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a benchmark machine
     import matplotlib.pyplot as plt
 
-    runs = [run for run in runs if run.get("bleu_against_minutes")]
-    if not runs:
+    panels = []
+    for direction in DIRECTIONS:
+        recipe = payload["directions"].get(direction)
+        recipe = recipe if recipe and recipe.get("bleu_against_minutes") else None
+        candidates = [
+            run for run in payload["runs"]
+            if run["direction"] == direction and run.get("bleu_against_minutes") and run != recipe
+        ]
+        candidates.sort(key=_val_bleu, reverse=True)
+        shown = ([recipe] if recipe else []) + candidates[:others]
+        if shown:
+            panels.append((direction, recipe, shown))
+    if not panels:
         return
-    figure, axes = plt.subplots(figsize=(7.0, 4.5 + 0.3 * len(runs)))
-    # tab20: no two runs share a colour up to 20 (tab10's cycle repeats after 10); the
-    # line style tells the directions apart.
-    colours = plt.get_cmap("tab20").colors
-    for index, run in enumerate(runs):
-        points = run["bleu_against_minutes"]
-        # Wrapped: a run's overrides can be longer than the chart is wide.
-        label = textwrap.fill(f"{run['direction']}, changes from the recipe: {_changes(run)}", 90)
-        axes.plot(
-            [p["minutes"] for p in points], [p["greedy_bleu"] for p in points], marker="o", label=label,
-            color=colours[index % len(colours)], linestyle="-" if run["direction"] == "de-en" else "--",
-        )
-    axes.set_xlabel("minutes of model.fit")
-    axes.set_ylabel("test2016 sacreBLEU, greedy")
-    axes.set_title("Multi30k: BLEU of the checkpoints along a 45-minute run", fontsize=10)
-    axes.grid(alpha=0.3)
-    # Below the axes, so that no label squeezes or covers the curves.
-    axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-    figure.text(0.01, 0.01, _machine_note(runs[-1]["machine"]), fontsize=7)
+    figure, all_axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 5.2), sharey=True, squeeze=False)
+    colours = plt.get_cmap("tab10").colors
+    for axes, (direction, recipe, shown) in zip(all_axes[0], panels):
+        for index, run in enumerate(shown):
+            points = run["bleu_against_minutes"]
+            is_recipe = run is recipe
+            name = "the recipe" if is_recipe else _changes(run)
+            val = f"val {_val_bleu(run):.2f}" if "val" in run else "no val score"
+            # Wrapped: a run's overrides can be longer than the panel is wide.
+            label = textwrap.fill(f"{name} ({val})", 60)
+            axes.plot(
+                [p["minutes"] for p in points], [p["greedy_bleu"] for p in points], marker="o", label=label,
+                color="black" if is_recipe else colours[index % len(colours)],
+                linewidth=2.4 if is_recipe else 1.3, linestyle="-" if is_recipe else "--",
+            )
+        axes.set_title(f"{direction.replace('-', '→')}: the recipe and the best {others} other runs on val", fontsize=10)
+        axes.set_xlabel("minutes of model.fit")
+        axes.grid(alpha=0.3)
+        # Below the axes, so that no label squeezes or covers the curves.
+        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
+    all_axes[0][0].set_ylabel("test2016 sacreBLEU, greedy")
+    shown_runs = [run for _, _, shown in panels for run in shown]
+    # The runs may come from more than one machine: name each CPU once.
+    cpus = dict.fromkeys(f"{run['machine']['cpu_model']} ({run['machine']['usable_cores']} cores)" for run in shown_runs)
+    versions = shown_runs[-1]["machine"]["versions"]
+    note = f"{'; '.join(cpus)}; TF {versions.get('tensorflow')}, Keras {versions.get('keras')}"
+    figure.text(0.01, 0.01, note, fontsize=7)
     figure.tight_layout(rect=(0, 0.03, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _val_bleu(run):
+    """A run's val BLEU with beam 4 (runs from before val was scored sort last)."""
+    return run["val"]["last_beam"]["bleu"] if "val" in run else float("-inf")
 
 
 def main(argv=None):
@@ -355,7 +381,7 @@ def main(argv=None):
 def _write_charts(payload, results_path):
     """The recipe's bars per direction and every run's BLEU-against-minutes curve."""
     _plot(list(payload["directions"].values()), results_path.with_suffix(".png"))
-    _plot_minutes(payload["runs"], results_path.with_name(results_path.stem + "_minutes.png"))
+    _plot_minutes(payload, results_path.with_name(results_path.stem + "_minutes.png"))
 
 
 def _changes(run):
