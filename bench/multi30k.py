@@ -281,6 +281,9 @@ def _plot_minutes(payload, path, others=3):
             is_recipe = run is recipe
             name = "the recipe" if is_recipe else _changes(run)
             val = f"val {_val_bleu(run):.2f}" if "val" in run else "no val score"
+            # Minutes buy more steps on a faster CPU: a run from another machine says so.
+            if recipe and run["machine"]["cpu_model"] != recipe["machine"]["cpu_model"]:
+                val += f", on {run['machine']['cpu_model']}"
             # Wrapped: a run's overrides can be longer than the panel is wide.
             label = textwrap.fill(f"{name} ({val})", 60)
             axes.plot(
@@ -288,7 +291,8 @@ def _plot_minutes(payload, path, others=3):
                 color="black" if is_recipe else colours[index % len(colours)],
                 linewidth=2.4 if is_recipe else 1.3, linestyle="-" if is_recipe else "--",
             )
-        axes.set_title(f"{direction.replace('-', '→')}: the recipe and the best {others} other runs on val", fontsize=10)
+        title = f"the recipe and the best {len(shown) - 1} other runs on val" if recipe else "the best runs on val"
+        axes.set_title(f"{direction.replace('-', '→')}: {title}", fontsize=10)
         axes.set_xlabel("minutes of model.fit")
         axes.grid(alpha=0.3)
         # Below the axes, so that no label squeezes or covers the curves.
@@ -379,7 +383,7 @@ def main(argv=None):
 
 
 def _write_charts(payload, results_path):
-    """The recipe's bars per direction and every run's BLEU-against-minutes curve."""
+    """The recipe's bars per direction and the BLEU-against-minutes curves of the best runs."""
     _plot(list(payload["directions"].values()), results_path.with_suffix(".png"))
     _plot_minutes(payload, results_path.with_name(results_path.stem + "_minutes.png"))
 
