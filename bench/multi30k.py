@@ -36,7 +36,8 @@ charts, `bench/results/multi30k.png` (the recipe's BLEU per direction) and
 `bench/results/multi30k_minutes.png` (BLEU against training minutes: per direction, the
 recipe and the three other runs that score highest on val), and each direction's training curves,
 `bench/results/multi30k_<src>_<tgt>_curves.png`. `--markdown` prints the run table of
-the results file; `--charts` redraws the charts from it.
+the results file; `--charts` redraws the charts from it. `--results` moves the JSON and
+every chart to another folder (a trial on another machine, say), named after its stem.
 """
 
 import argparse
@@ -85,8 +86,9 @@ def sacrebleu_scores(hypotheses, references):
     }
 
 
-def run_direction(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes):
-    """Trains, averages and scores one direction; returns its JSON-ready entry."""
+def run_direction(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes, results_path):
+    """Trains, averages and scores one direction; returns its JSON-ready entry. The
+    recipe's training curves go beside `results_path`, as its other charts do."""
     import keras
 
     from keras_transformer.train.checkpoints import average_model_directory, prune_checkpoints
@@ -162,7 +164,7 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
     # with --set leaves them as they were (its curves stay in its model directory).
     curves = pathlib.Path(result.model_dir) / "training_curves.png"
     if curves.is_file() and not _trial_changes(overrides):
-        shutil.copyfile(curves, machine.RESULTS_DIR / f"multi30k_{source_lang}_{target_lang}_curves.png")
+        shutil.copyfile(curves, results_path.with_name(f"{results_path.stem}_{source_lang}_{target_lang}_curves.png"))
     config = result.model.config
     return {
         "direction": direction,
@@ -369,7 +371,8 @@ def main(argv=None):
     for direction in directions:
         load_at_start = machine.load_average()
         entry = run_direction(
-            data_dir, direction, args.minutes, args.average, args.set, args.output_dir, args.curve_minutes
+            data_dir, direction, args.minutes, args.average, args.set, args.output_dir, args.curve_minutes,
+            results_path,
         )
         entry["command"] = "python bench/multi30k.py " + " ".join(argv if argv is not None else sys.argv[1:])
         entry["machine"] = machine.machine_info()
