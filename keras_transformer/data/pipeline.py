@@ -18,6 +18,7 @@ inputs add segment ids and positions (`keras_transformer.data.packing`).
 """
 
 import dataclasses
+import functools
 import logging
 import math
 from typing import NamedTuple
@@ -151,7 +152,7 @@ def bucket_batch_sizes(bucket_boundaries, tokens_per_batch):
     return [max(1, tokens_per_batch // boundary) for boundary in bucket_boundaries]
 
 
-def tokenize_pairs(pairs, tokenizer, vocab_size=None):
+def tokenize_pairs(pairs, tokenizer, vocab_size=None, sampling=(0.0, 0.0)):
     """Token ids of both sides of each pair, without BOS or EOS.
 
     Args:
@@ -163,6 +164,9 @@ def tokenize_pairs(pairs, tokenizer, vocab_size=None):
             `[0, vocab_size)` as it is made: iterating raises
             `InvalidArgumentError` (`OUT_OF_VOCABULARY` in its message) at the
             first batch of sentences that holds an id outside.
+        sampling: `(source_alpha, target_alpha)`, floats in [0, 1): a side whose alpha
+            is above 0 is cut with a segmentation drawn at random
+            (`SubwordTokenizer.tokenize_sampled`), anew on every iteration.
 
     Returns:
         `tf.data.Dataset` of `(source_ids, target_ids)`, int32 vectors.
@@ -185,9 +189,16 @@ def tokenize_pairs(pairs, tokenizer, vocab_size=None):
     # A tokenizer with two sentencepiece models (a Marian one: source.spm, target.spm)
     # cuts target text with its target model; a joint vocabulary has one `tokenize`.
     tokenize_target = getattr(tokenizer, "tokenize_target", tokenizer.tokenize)
+    source_alpha, target_alpha = sampling
+    if source_alpha:
+        tokenize_source = functools.partial(tokenizer.tokenize_sampled, alpha=source_alpha)
+    else:
+        tokenize_source = tokenizer.tokenize
+    if target_alpha:
+        tokenize_target = functools.partial(tokenizer.tokenize_sampled, alpha=target_alpha)
 
     def tokenize(source, target):
-        return checked(tokenizer.tokenize(source)), checked(tokenize_target(target))
+        return checked(tokenize_source(source)), checked(tokenize_target(target))
 
     return (
         pairs.batch(_TOKENIZE_BATCH_SIZE)
@@ -371,6 +382,7 @@ def make_dataset(
     batch_shuffle_buffer_size=1024,
     vocab_size=None,
     packing=False,
+    subword_sampling=0.0,
 ):
     """Batches of `({"encoder_inputs", "decoder_inputs"}, labels)` from sentence pairs.
 
@@ -420,6 +432,16 @@ def make_dataset(
             once (so the number of batches is known) and reshuffled every epoch;
             `bucket_boundaries` and `batch_shuffle_buffer_size` are not used. Gives the
             same loss and gradients as the same pairs unpacked.
+        subword_sampling: float in [0, 1), or a `(source, target)` pair of them.
+            Above 0, every epoch cuts the sentences of that side anew with a
+            segmentation drawn at random (`SubwordTokenizer.tokenize_sampled`: for a
+            BPE tokenizer, BPE-dropout with this probability). The sampled pieces
+            vary in length, so the batches of an epoch vary in number: this needs
+            `repeat=True`, and `stats.num_batches` (counted over the usual
+            segmentation, which is what `max_length` is checked against too) is the
+            natural `steps_per_epoch` for `model.fit`. A sampled pair longer than
+            `max_length` is dropped or truncated like any other. Not with `packing`.
+            Default 0: no sampling.
 
     Returns:
         `BatchedDataset(dataset, stats)`: the `tf.data.Dataset` and its
@@ -444,9 +466,13 @@ def make_dataset(
     """
     bucket_boundaries = check_batching_arguments(max_length, tokens_per_batch, bucket_boundaries, overlong)
     checks.check_bool("packing", packing)
+    sampling = _checked_sampling(subword_sampling, tokenizer, repeat, packing)
     vocab_size = _checked_vocab_size(vocab_size, tokenizer)
-    tokenized = tokenize_pairs(_as_string_pairs(pairs), tokenizer, vocab_size)
-    if cache:
+    string_pairs = _as_string_pairs(pairs)
+    if cache and any(sampling):
+        string_pairs = string_pairs.cache()  # sampled again each epoch from the text
+    tokenized = tokenize_pairs(string_pairs, tokenizer, vocab_size)
+    if cache and not any(sampling):
         tokenized = tokenized.cache()
     try:
         stats = count_lengths(
@@ -471,6 +497,8 @@ def make_dataset(
             "longer. Raise max_length or use overlong='truncate'."
         )
 
+    if any(sampling):
+        tokenized = tokenize_pairs(string_pairs, tokenizer, vocab_size, sampling)
     examples = fit_to_length(tokenized, max_length, overlong)
     if packing:
         return _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size)
@@ -486,6 +514,10 @@ def make_dataset(
         batches = batches.shuffle(
             batch_shuffle_buffer_size, seed=seed + 1, reshuffle_each_iteration=True
         )
+    if any(sampling):
+        # The number of batches changes with each epoch's segmentation: no cardinality
+        # to assert, and the caller's steps_per_epoch says what an epoch is.
+        return BatchedDataset(batches.repeat().prefetch(tf.data.AUTOTUNE), stats)
     return _finished(batches, stats, repeat)
 
 
@@ -563,6 +595,41 @@ def _checked_boundaries(bucket_boundaries, max_length):
             f"kept example has a bucket. Received: bucket_boundaries={boundaries}"
         )
     return boundaries
+
+
+def _checked_sampling(subword_sampling, tokenizer, repeat, packing):
+    """`subword_sampling` as a `(source_alpha, target_alpha)` pair, checked."""
+    if isinstance(subword_sampling, (tuple, list)):
+        if len(subword_sampling) != 2:
+            raise ValueError(
+                "`subword_sampling` must be one alpha or a (source, target) pair of them. "
+                f"Received: subword_sampling={subword_sampling!r}"
+            )
+        sampling = tuple(subword_sampling)
+    else:
+        sampling = (subword_sampling, subword_sampling)
+    for alpha in sampling:
+        checks.check_rate("subword_sampling", alpha)
+    if not any(sampling):
+        return (0.0, 0.0)
+    if not hasattr(tokenizer, "tokenize_sampled"):
+        raise ValueError(
+            f"subword_sampling={subword_sampling!r} needs a tokenizer that can sample "
+            f"segmentations (a SubwordTokenizer); {type(tokenizer).__name__} cannot. "
+            "Pass subword_sampling=0."
+        )
+    if packing:
+        raise ValueError(
+            f"subword_sampling={subword_sampling!r} does not combine with packing=True: "
+            "packed rows are made once, and sampling cuts the sentences anew each epoch."
+        )
+    if not repeat:
+        raise ValueError(
+            f"subword_sampling={subword_sampling!r} changes the number of batches from "
+            "epoch to epoch, so the dataset cannot end after one: pass repeat=True and "
+            "give model.fit steps_per_epoch (stats.num_batches is one epoch's worth)."
+        )
+    return tuple(float(alpha) for alpha in sampling)
 
 
 def _checked_vocab_size(vocab_size, tokenizer):

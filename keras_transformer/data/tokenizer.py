@@ -22,6 +22,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
     gen_sentencepiece_tokenizer,
 )
 
+from keras_transformer import checks
 from keras_transformer.atomic import write_bytes_atomically
 from keras_transformer.model import directory as model_directory
 from keras_transformer.special_tokens import (
@@ -40,6 +41,9 @@ from keras_transformer.special_tokens import (
 MODEL_FILENAME = model_directory.TOKENIZER_FILE
 
 MODEL_TYPES = ("unigram", "bpe")
+
+# `tokenize_sampled`'s tf-text tokenizers, one per (model fingerprint, alpha).
+_SAMPLING_TOKENIZERS = {}
 
 # (id, piece, sentencepiece accessor) for every special token, checked on load.
 _SPECIAL_TOKENS = (
@@ -156,6 +160,37 @@ class SubwordTokenizer(tf.Module):
             `tf.Tensor` of shape [None] for a scalar string.
         """
         return self._tf_tokenizer.tokenize(text)
+
+    def tokenize_sampled(self, text, alpha):
+        """Token ids of strings with a segmentation drawn at random, as TF ops.
+
+        Subword regularization: training on a different segmentation of the same text
+        each epoch regularizes a model trained on a small corpus. For a BPE model `alpha`
+        is the probability of skipping each merge (BPE-dropout, Provilkov et al., 2020,
+        who use 0.1); for a unigram model it is the smoothing of the sampling over all
+        segmentations (Kudo, 2018). Every segmentation detokenizes to the same text.
+        The draws come from sentencepiece's own random generator, which TensorFlow's
+        seeds do not reach: they differ from call to call and from run to run.
+
+        Args:
+            text: as for `tokenize`.
+            alpha: float in [0, 1); 0 gives `tokenize`'s segmentation.
+
+        Returns:
+            As `tokenize`.
+        """
+        checks.check_rate("alpha", alpha)
+        if alpha == 0:
+            return self.tokenize(text)
+        key = (self.fingerprint, float(alpha))
+        if key not in _SAMPLING_TOKENIZERS:
+            # Kept outside the module, so that an exported SavedModel never tracks it,
+            # and made eagerly (init_scope), though first asked for inside a tf.data map.
+            with tf.init_scope():
+                _SAMPLING_TOKENIZERS[key] = _SharedSentencepieceTokenizer(
+                    self._model_proto, nbest_size=-1, alpha=float(alpha)
+                )
+        return _SAMPLING_TOKENIZERS[key].tokenize(text)
 
     def detokenize(self, ids):
         """Strings of token ids, as TF ops, cut at the first EOS.
@@ -319,9 +354,10 @@ class _SharedSentencepieceTokenizer(tensorflow_text.SentencepieceTokenizer):
     up in its own vocabulary).
     """
 
-    def __init__(self, model_proto, out_type=tf.int32):
+    def __init__(self, model_proto, out_type=tf.int32, nbest_size=0, alpha=1.0):
         super().__init__(
-            model=model_proto, out_type=out_type, add_bos=False, add_eos=False
+            model=model_proto, out_type=out_type, add_bos=False, add_eos=False,
+            nbest_size=nbest_size, alpha=alpha,
         )
         # tf-text's ops read the model through this attribute (tf-text 2.21).
         self._model_resource = _SharedModelResource(model_proto)

@@ -290,21 +290,27 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
         packing=run_config.packing,
     )
     bidirectional = run_config.bidirectional_steps > 0
+    sampling = (run_config.subword_sampling_source, run_config.subword_sampling_target)
     train, train_stats = make_dataset(
         splits["train"],
         tokenizer,
         seed=run_config.seed,
-        repeat=bool(run_config.steps_per_epoch) or bidirectional,
+        # Sampled segmentations change the batches an epoch holds: always repeated.
+        repeat=bool(run_config.steps_per_epoch) or bidirectional or any(sampling),
+        subword_sampling=sampling,
         **batching,
     )
     steps_per_epoch = run_config.steps_per_epoch or None
-    if bidirectional:
+    if bidirectional or any(sampling):
         steps_per_epoch = steps_per_epoch or train_stats.num_batches
+    if bidirectional:
         both, _ = make_dataset(
             bidirectional_pairs(splits["train"]),
             tokenizer,
             seed=run_config.seed + 2,  # make_dataset shuffles with seed and seed + 1
             repeat=True,
+            # The alphas are the encoder's and the decoder's, whichever language each reads.
+            subword_sampling=sampling,
             **batching,
         )
         remaining = max(0, run_config.bidirectional_steps - completed_epochs * steps_per_epoch)

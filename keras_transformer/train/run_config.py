@@ -95,6 +95,12 @@ class RunConfig:
     # and target->source, before source->target alone (keras_transformer.data.bidirectional:
     # BiT, Ding et al. 2021, spends the first third of the steps so); 0: none.
     bidirectional_steps: int = 0
+    # Subword regularization of the training pairs: each epoch cuts every sentence of a
+    # side anew with a segmentation drawn at random (make_dataset(subword_sampling=...);
+    # with a BPE tokenizer, BPE-dropout with this probability, Provilkov et al. 2020:
+    # 0.1). 0: the usual segmentation. An epoch is then one unsampled pass's batches.
+    subword_sampling_source: float = 0.0
+    subword_sampling_target: float = 0.0
 
     # Tokenizer: one sentencepiece vocabulary for both languages (section 5.1).
     vocab_size: int = 8000
@@ -164,6 +170,15 @@ class RunConfig:
                      "tokenizer_max_sentences", "demo_num_train", "bidirectional_steps"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
+        for name in ("subword_sampling_source", "subword_sampling_target"):
+            checks.check_rate(name, getattr(self, name))
+        if self.packing and (self.subword_sampling_source or self.subword_sampling_target):
+            raise ValueError(
+                "`packing` does not combine with subword sampling: packed rows are made once, "
+                "and sampling cuts the sentences anew each epoch. Received: packing=True, "
+                f"subword_sampling_source={self.subword_sampling_source:g}, "
+                f"subword_sampling_target={self.subword_sampling_target:g}"
+            )
         checks.check_non_negative_number("eval_length_penalty", self.eval_length_penalty)
         self._check_early_stopping()
         separators = [sep for sep in ("/", os.sep, os.altsep) if sep]
