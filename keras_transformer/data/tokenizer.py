@@ -42,7 +42,7 @@ MODEL_FILENAME = model_directory.TOKENIZER_FILE
 
 MODEL_TYPES = ("unigram", "bpe")
 
-# `tokenize_sampled`'s tf-text tokenizers, one per (model fingerprint, alpha).
+# `tokenize_sampled`'s tf-text tokenizers, one per (model digest, alpha).
 _SAMPLING_TOKENIZERS = {}
 
 # (id, piece, sentencepiece accessor) for every special token, checked on load.
@@ -182,7 +182,8 @@ class SubwordTokenizer(tf.Module):
         checks.check_rate("alpha", alpha)
         if alpha == 0:
             return self.tokenize(text)
-        key = (self.fingerprint, float(alpha))
+        # The resource's name already holds the model's digest: no re-hashing per call.
+        key = (self._tf_tokenizer._model_resource._shared_name, float(alpha))
         if key not in _SAMPLING_TOKENIZERS:
             # Kept outside the module, so that an exported SavedModel never tracks it,
             # and made eagerly (init_scope), though first asked for inside a tf.data map.
