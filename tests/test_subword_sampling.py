@@ -87,15 +87,25 @@ def test_a_float_samples_both_sides(tokenizer):
     assert len({row[0] for row in rows}) > 1 and len({row[2] for row in rows}) > 1
 
 
-def test_sampled_pairs_over_max_length_are_dropped(tokenizer):
-    # Each word one piece: 6 + EOS = 7 tokens fit max_length 7 unsampled, and a draw that
-    # skips any of the words' ~40 merges does not (at alpha 0.02, about half the draws).
-    dataset, stats = make_dataset([PAIR] * 8, tokenizer, max_length=7, tokens_per_batch=64, repeat=True,
-                                  subword_sampling=(0.02, 0.0))
-    assert stats.kept == 8 and stats.num_batches == 1
+def test_sampled_pairs_over_max_length_are_dropped_and_the_stream_goes_on(tokenizer):
+    # Each word one piece: PAIR's 6 + EOS = 7 tokens fit max_length 7 unsampled, and a draw
+    # that skips any of its words' ~40 merges does not (at alpha 0.05, about 4 draws in 5).
+    # A one-word pair fits however it is cut. Whole passes of the 8 PAIRs are dropped
+    # often, and the stream must not end there.
+    short = ("dog", "fence")
+    dataset, stats = make_dataset([PAIR] * 8 + [short] * 8, tokenizer, max_length=7, tokens_per_batch=64,
+                                  repeat=True, subword_sampling=(0.05, 0.0))
+    assert stats.kept == 16
     rows = epochs_of_rows(dataset, 30)
-    assert rows and all(len(row[0]) <= 7 for row in rows)
-    assert len(rows) < 30 * 8  # some of the 8 pairs an epoch were drawn too long
+    assert len(rows) >= 30 * 4 and all(len(row[0]) <= 7 for row in rows)
+    texts = tokenizer.decode([list(row[0]) for row in rows])
+    assert set(texts) == {PAIR[0], short[0]}
+    # Unsampled the two would come equally often; kept draws of PAIR are ~1 in 5.
+    assert texts.count(PAIR[0]) < 0.35 * len(texts)
+    # Two PAIRs alone at alpha 0.1: almost every pass keeps neither, yet every batch asked for comes.
+    alone, _ = make_dataset([PAIR] * 2, tokenizer, max_length=7, tokens_per_batch=64, repeat=True,
+                            subword_sampling=(0.1, 0.0))
+    assert len(list(alone.take(3))) == 3
 
 
 class _NoSampling:

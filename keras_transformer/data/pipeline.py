@@ -498,7 +498,11 @@ def make_dataset(
         )
 
     if any(sampling):
-        tokenized = tokenize_pairs(string_pairs, tokenizer, vocab_size, sampling)
+        # Repeated before sampling, not after batching: an epoch whose every pair was
+        # drawn over max_length would otherwise end the stream (tf.data's repeat stops
+        # at an empty pass). Each pair fits in its usual segmentation, which every draw
+        # can give, so the stream never runs dry.
+        tokenized = tokenize_pairs(string_pairs.repeat(), tokenizer, vocab_size, sampling)
     examples = fit_to_length(tokenized, max_length, overlong)
     if packing:
         return _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size)
@@ -516,8 +520,10 @@ def make_dataset(
         )
     if any(sampling):
         # The number of batches changes with each epoch's segmentation: no cardinality
-        # to assert, and the caller's steps_per_epoch says what an epoch is.
-        return BatchedDataset(batches.repeat().prefetch(tf.data.AUTOTUNE), stats)
+        # to assert (the stream is endless), and the caller's steps_per_epoch says what
+        # an epoch is.
+        endless = batches.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+        return BatchedDataset(endless.prefetch(tf.data.AUTOTUNE), stats)
     return _finished(batches, stats, repeat)
 
 
