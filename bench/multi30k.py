@@ -248,7 +248,8 @@ def _plot(entries, path):
         "BLEU",
         groups,
         series,
-        note=_machine_note(entries[-1]["machine"]),
+        # The directions' latest recipe runs may come from different machines: name each.
+        note="; ".join(f"{entry['direction']}: {_machine_note(entry['machine'])}" for entry in entries),
     )
 
 
