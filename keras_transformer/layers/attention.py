@@ -242,7 +242,8 @@ class MultiHeadAttention(keras.layers.Layer):
             visible_rows = masks_lib.any_key_visible(mask)
             attention_mask = ops.logical_or(mask, ops.logical_not(visible_rows))
 
-        dropout_active = self.dropout > 0.0 and bool(training)
+        # The sub-layer's rate, not `self.dropout`: LateDropout switches it during fit.
+        dropout_active = self.dropout_layer.rate > 0.0 and bool(training)
         if not return_attention_scores and not dropout_active:
             outputs = self._fused_attention(query, key, value, attention_mask, scale)
             scores = None

@@ -29,7 +29,7 @@ steps (TensorFlow graphs, XLA, `jax.jit`) bake in, so each change rebuilds the t
 function (`model.make_train_function(force=True)`; `fit` calls the new one from the
 next step on; eager PyTorch reads the new value anyway). An estimate within
 `RETRACE_TOLERANCE` (2%) of the current total changes nothing, and an epoch in which the
-step was rebuilt is not timed, so a run retraces at most once every other epoch (the
+step was rebuilt (by this callback, or by another such as `LateDropout`) is not timed, so a run retraces at most once every other epoch (the
 45-minute Multi30k en->de run retraced twice).
 
 Units: the schedule counts optimizer updates (`optimizer.iterations`); with gradient
@@ -223,6 +223,8 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         self._unsaved = False  # whether the latest estimate is not in state_dir yet
         self._rebuilt = False  # whether the step was rebuilt at the current epoch's start
         self._window = None  # the 1-based epochs the latest epoch estimate averaged
+        self._epoch_function = None  # the train function at the current epoch's start
+        self._ended_function = None  # ... and at the end of the latest epoch
 
     # ------------------------------------------------------------ Keras' hooks
     def on_train_begin(self, logs=None):
@@ -241,6 +243,9 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         else:  # the epoch's backup exists now: a kill from here on resumes with the estimate
             self._write_state(make_directory=True)
         now = self.clock()
+        function = getattr(self.model, "train_function", None)
+        if self._epoch_clean and self._ended_function is not self._epoch_function:
+            self._epoch_clean = False  # another callback rebuilt the step during that epoch
         if self._epochs > 0 and self._epoch_clean:
             mark_time, mark_batches = self._epoch_mark
             self._clean_epochs.append((self._epochs, now - mark_time, self._batches - mark_batches))
@@ -252,7 +257,10 @@ class StepBudgetEstimator(keras.callbacks.Callback):
                 self._window = [epoch[0] for epoch in window]
                 self._apply(now, seconds_per_update, batches / self.accumulation, "epochs")
         # The first epoch of a fit compiles the step; so does any epoch begun on a rebuilt one.
-        self._epoch_clean = self._epochs > 0 and not self._rebuilt
+        # A step rebuilt by another callback (LateDropout) compiles again too: the epoch is
+        # clean only on the very function that ran the whole epoch before.
+        self._epoch_clean = self._epochs > 0 and not self._rebuilt and function is self._ended_function
+        self._epoch_function = getattr(self.model, "train_function", None)
         self._epoch_mark = (now, self._batches)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -273,6 +281,7 @@ class StepBudgetEstimator(keras.callbacks.Callback):
             self._measured_in_epoch = self._epochs
 
     def on_epoch_end(self, epoch, logs=None):
+        self._ended_function = getattr(self.model, "train_function", None)
         self._epoch_base = self._batches
         self._epochs += 1
         if logs is not None:
