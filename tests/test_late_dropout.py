@@ -21,30 +21,31 @@ from keras_transformer.train.budget_estimate import StepBudgetEstimator
 from keras_transformer.train.late_dropout import LateDropout, dropout_layers
 from keras_transformer.train.run_config import RunConfig
 
-ROWS, LENGTH, BATCH = 12, 6, 2  # 6 batches of 2 sentences
+ROWS, LENGTH, BATCH = 12, 6, 2  # 6 batches of 2 sentences an epoch
+EPOCHS, TOTAL = 2, 12  # every fit runs 12 updates; the cosine decay ends at the last
 
 
-def data():
+def data(epochs=1):
     rng = np.random.default_rng(0)
     labels = rng.integers(4, 32, (ROWS, LENGTH)).astype("int32")
     decoder = np.concatenate([np.full((ROWS, 1), BOS_ID, "int32"), labels[:, :-1]], axis=1)
-    return {"encoder_inputs": rng.integers(4, 32, (ROWS, LENGTH)).astype("int32"), "decoder_inputs": decoder}, labels
+    inputs = {"encoder_inputs": rng.integers(4, 32, (ROWS, LENGTH)).astype("int32"), "decoder_inputs": decoder}
+    return {k: np.concatenate([v] * epochs) for k, v in inputs.items()}, np.concatenate([labels] * epochs)
 
 
-def model_with_dropouts(dropout=0.0, total_steps=None):
+def model_with_dropouts(dropout=0.0, decay="cosine"):
     keras.utils.set_random_seed(0)  # the same initial weights and seed generators for every copy
     model = kt.build_transformer(tiny_config(dropout=dropout, attention_dropout=0.1, activation_dropout=0.1))
     training = kt.TrainingConfig(warmup_steps=2, learning_rate_scale=5.0)
-    if total_steps is not None:
-        training = training.replace(decay="cosine", total_steps=total_steps)
+    if decay == "cosine":
+        training = training.replace(decay="cosine", total_steps=TOTAL)
     # Compiled, not eager: the test is that a traced step follows the switch.
     kt.compile_transformer(model, training, jit_compile="auto" if keras.backend.backend() == "jax" else False)
     return model
 
 
-def fit(model, inputs, labels, callbacks=(), epochs=1, initial_epoch=0):
-    model.fit(inputs, labels, batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch,
-              shuffle=False, verbose=0, callbacks=list(callbacks))
+def fit(model, inputs, labels, callbacks=(), epochs=1):
+    model.fit(inputs, labels, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
 
 
 def delayed(model, kinds=("attention", "activation")):
@@ -53,8 +54,8 @@ def delayed(model, kinds=("attention", "activation")):
 
 
 def by_hand(model, start, kinds=("attention", "activation")):
-    """Trains the 6 batches with `kinds` off for the first `start` of them."""
-    inputs, labels = data()
+    """Trains the 12 updates (2 epochs' batches in one pass) with `kinds` off for the first `start`."""
+    inputs, labels = data(EPOCHS)
     rows = start * BATCH
     layers = delayed(model, kinds)
     for layer in layers:
@@ -64,22 +65,24 @@ def by_hand(model, start, kinds=("attention", "activation")):
     for layer in layers:
         layer.rate = 0.1
     model.make_train_function(force=True)
-    if start < ROWS // BATCH:
+    if start < TOTAL:
         fit(model, {k: v[rows:] for k, v in inputs.items()}, labels[rows:])
-    return model
-
-
-def weights(model):
     return [to_numpy(weight) for weight in model.weights]
 
 
-def assert_same_weights(first, second):
-    for a, b in zip(weights(first), weights(second)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+@pytest.fixture(scope="module")
+def reference():
+    """The weights trained by hand with the dropouts on from update 0, 8 and never (12)."""
+    return {start: by_hand(model_with_dropouts(), start) for start in (0, 8, TOTAL)}
+
+
+def assert_same_weights(model, expected):
+    for actual, wanted in zip([to_numpy(weight) for weight in model.weights], expected):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
 
 
 def largest_difference(first, second):
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(weights(first), weights(second)))
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(first, second))
 
 
 def test_the_kinds_find_every_dropout_layer_of_the_blocks():
@@ -91,34 +94,35 @@ def test_the_kinds_find_every_dropout_layer_of_the_blocks():
     assert len(found["residual"]) == 9
 
 
-def test_the_dropouts_come_on_at_the_start_step_mid_epoch():
+def test_the_dropouts_come_on_at_the_start_step_in_a_later_epoch(reference):
     printed = []
     model = model_with_dropouts()
-    callback = LateDropout(start_step=4, print_fn=printed.append)
-    fit(model, *data(), callbacks=[callback])
-    assert_same_weights(model, by_hand(model_with_dropouts(), start=4))
-    assert callback.switched_at == 4
-    assert printed == ["late dropout: attention and activation dropout on from step 4"]
-    # Not the same as either dropouts throughout or none at all: the switch is visible.
-    assert largest_difference(model, by_hand(model_with_dropouts(), start=0)) > 1e-4
-    assert largest_difference(model, by_hand(model_with_dropouts(), start=6)) > 1e-4
+    callback = LateDropout(start_step=8, print_fn=printed.append)  # batch 3 of epoch 2
+    fit(model, *data(), callbacks=[callback], epochs=EPOCHS)
+    assert_same_weights(model, reference[8])
+    assert callback.switched_at == 8
+    assert printed == ["late dropout: attention and activation dropout on from step 8"]
+    # Neither the dropouts throughout nor none at all: the switch shows in the weights.
+    assert largest_difference(reference[8], reference[0]) > 1e-4
+    assert largest_difference(reference[8], reference[TOTAL]) > 1e-4
 
 
-def test_a_start_at_an_epoch_boundary_in_a_longer_fit():
+def test_a_start_fraction_is_a_share_of_the_budget_schedules_total(reference):
+    printed = []
     model = model_with_dropouts()
-    fit(model, *data(), callbacks=[LateDropout(start_step=6)], epochs=2)
-    reference = by_hand(model_with_dropouts(), start=6)  # epoch 1 without, then ...
-    inputs, labels = data()
-    fit(reference, inputs, labels, epochs=2, initial_epoch=1)  # ... epoch 2 with them
-    assert_same_weights(model, reference)
+    callback = LateDropout(start_fraction=0.65, print_fn=printed.append)  # ceil(0.65 * 12) = 8
+    fit(model, *data(), callbacks=[callback], epochs=EPOCHS)
+    assert callback.start() == 8 and callback.switched_at == 8
+    assert printed == ["late dropout: attention and activation dropout on from step 8 of 12"]
+    assert_same_weights(model, reference[8])
 
 
-def test_a_start_after_the_run_trains_as_if_the_rates_were_zero_and_restores_them(tmp_path):
+def test_a_start_after_the_run_trains_as_if_the_rates_were_zero_and_restores_them(reference, tmp_path):
     model = model_with_dropouts()
     callback = LateDropout(start_step=100)
-    fit(model, *data(), callbacks=[callback])
+    fit(model, *data(), callbacks=[callback], epochs=EPOCHS)
     assert callback.switched_at is None
-    assert_same_weights(model, by_hand(model_with_dropouts(), start=6))
+    assert_same_weights(model, reference[TOTAL])
     # The model leaves fit with its own rates, and its config never lost them.
     assert {layer.rate for layer in delayed(model)} == {0.1}
     path = str(tmp_path / "model.keras")
@@ -129,25 +133,11 @@ def test_a_start_after_the_run_trains_as_if_the_rates_were_zero_and_restores_the
 
 
 def test_the_residual_kind_delays_the_papers_dropout_too():
-    model = model_with_dropouts(dropout=0.1)
     kinds = ("attention", "activation", "residual")
-    fit(model, *data(), callbacks=[LateDropout(start_step=3, kinds=kinds)])
-    assert_same_weights(model, by_hand(model_with_dropouts(dropout=0.1), start=3, kinds=kinds))
-    # The default kinds leave the residual dropout on from the first step.
-    default = model_with_dropouts(dropout=0.1)
-    fit(default, *data(), callbacks=[LateDropout(start_step=3)])
-    assert_same_weights(default, by_hand(model_with_dropouts(dropout=0.1), start=3))
-    assert largest_difference(model, default) > 1e-4
-
-
-def test_a_start_fraction_is_a_share_of_the_budget_schedules_total():
-    printed = []
-    model = model_with_dropouts(total_steps=10)
-    callback = LateDropout(start_fraction=0.25, print_fn=printed.append)  # ceil(2.5) = 3
-    fit(model, *data(), callbacks=[callback])
-    assert callback.start() == 3 and callback.switched_at == 3
-    assert printed == ["late dropout: attention and activation dropout on from step 3 of 10"]
-    assert_same_weights(model, by_hand(model_with_dropouts(total_steps=10), start=3))
+    model = model_with_dropouts(dropout=0.1)
+    fit(model, *data(), callbacks=[LateDropout(start_step=8, kinds=kinds)], epochs=EPOCHS)
+    # By hand, the residual dropouts are off for the first 8 updates too.
+    assert_same_weights(model, by_hand(model_with_dropouts(dropout=0.1), 8, kinds=kinds))
 
 
 def test_a_start_fraction_follows_the_estimated_total():
@@ -226,7 +216,7 @@ def test_a_model_without_those_dropouts_or_a_budget_is_refused_when_fit_starts()
     kt.compile_transformer(plain, kt.TrainingConfig(warmup_steps=2), jit_compile=False)
     with pytest.raises(ValueError, match=r"nothing to delay: the model's attention, activation dropout rates are all 0"):
         fit(plain, *data(), callbacks=[LateDropout(start_step=1)])
-    rsqrt = model_with_dropouts()  # the paper's schedule has no total to take a share of
+    rsqrt = model_with_dropouts(decay="rsqrt")  # the paper's schedule has no total to take a share of
     with pytest.raises(ValueError, match=r"not a `?BudgetSchedule|Received: learning rate TransformerSchedule"):
         fit(rsqrt, *data(), callbacks=[LateDropout(start_fraction=0.5)])
 
