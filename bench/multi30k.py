@@ -21,7 +21,10 @@ For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DI
 
 The budget counts `model.fit` only (the per-epoch validation loss included); the
 tokenizer, averaging and all decoding come on top and are timed separately: nothing
-is decoded during the budget.
+is decoded during the budget. What training measured (seconds, steps, tokens a second,
+validation losses, the machine) goes into the model directory as `bench_training.json`
+before any decoding, so a run whose scoring crashed or was stopped is scored again by
+the same command with `--rescore` (no training; the entry is marked `rescored`).
 
 Usage (one command; the path is an argument, nothing is copied into the repository):
 
@@ -86,21 +89,20 @@ def sacrebleu_scores(hypotheses, references):
     }
 
 
-def run_direction(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes, results_path):
-    """Trains, averages and scores one direction; returns its JSON-ready entry. The
-    recipe's training curves go beside `results_path`, as its other charts do."""
-    import keras
+# Written into the model directory as soon as training ends: what `--rescore` needs to
+# score the run again (the test decodes crashed or were cut short) without training it.
+TRAINING_FILE = "bench_training.json"
 
-    from keras_transformer.train.checkpoints import average_model_directory, prune_checkpoints
-    from keras_transformer.inference.translator import Translator
-    from keras_transformer.model.directory import CHECKPOINT_DIR, MODEL_FILE
-    from keras_transformer.train.run import load_corpus, run_training
+
+def direction_config(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes):
+    """The run config of one direction (its recipe, `--set` overrides, the budget, the
+    paths), and the checkpoints its directory keeps once it is scored."""
     from keras_transformer.train.run_config import RunConfig
 
     source_lang, target_lang = direction.split("-")
     run_config = RunConfig.from_toml(str(CONFIGS[direction])).with_overrides(list(overrides))
-    keep_after = max(run_config.keep_checkpoints, average)  # what the directory keeps in the end
-    run_config = run_config.replace(
+    keep_after = max(run_config.keep_checkpoints, average)
+    return run_config.replace(
         name=f"multi30k_{source_lang}_{target_lang}",
         data_dir=str(data_dir),
         source_lang=source_lang,
@@ -108,13 +110,69 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
         max_train_seconds=minutes * 60.0,
         output_dir=str(output_dir),
         # Every checkpoint stays until the BLEU-against-minutes curve has scored them.
-        keep_checkpoints=10**6 if curve_minutes else max(run_config.keep_checkpoints, average),
-    )
-    print(f"=== {direction}: {minutes:g} minutes of training, {run_config.model_dir}", flush=True)
-    result = run_training(run_config)
+        keep_checkpoints=10**6 if curve_minutes else keep_after,
+    ), keep_after
 
+
+def run_direction(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes, results_path):
+    """Trains, averages and scores one direction; returns its JSON-ready entry. The
+    recipe's training curves go beside `results_path`, as its other charts do."""
+    from keras_transformer.train.run import run_training
+
+    run_config, keep_after = direction_config(data_dir, direction, minutes, average, overrides, output_dir,
+                                              curve_minutes)
+    print(f"=== {direction}: {minutes:g} minutes of training, {run_config.model_dir}", flush=True)
+    load_at_start = machine.load_average()
+    result = run_training(run_config)
+    training = {
+        "train_seconds": round(result.train_seconds, 1),
+        "steps": result.steps,
+        "steps_per_epoch": result.steps_per_epoch,
+        "epochs_started": len(result.history.history.get("loss", [])),  # the last one cut by the budget
+        "target_tokens_per_second": round(result.target_tokens_per_second, 1),
+        "stopped_by_time_budget": result.stopped_by_time_budget,
+        "validation_loss": [float(x) for x in result.history.history.get("val_loss", [])],
+        "machine": {**machine.machine_info(), "load_average_1min_at_start": load_at_start},
+    }
+    machine.write_json(pathlib.Path(result.model_dir) / TRAINING_FILE, training)
+    return score_direction(run_config, direction, minutes, keep_after, overrides, curve_minutes, results_path,
+                           result.model_dir, result.model, result.tokenizer, training, average)
+
+
+def rescore_direction(data_dir, direction, minutes, average, overrides, output_dir, curve_minutes, results_path):
+    """Scores the model directory an earlier run of the same command trained (`--rescore`)."""
+    import keras
+
+    from keras_transformer.data.tokenizer import SubwordTokenizer
+    from keras_transformer.model.directory import MODEL_FILE, TOKENIZER_FILE
+
+    run_config, keep_after = direction_config(data_dir, direction, minutes, average, overrides, output_dir,
+                                              curve_minutes)
+    model_dir = run_config.model_dir
+    path = pathlib.Path(model_dir) / TRAINING_FILE
+    if not path.is_file():
+        raise SystemExit(f"--rescore needs {path}, which a run of this command writes when training ends; it is missing")
+    training = json.loads(path.read_text())
+    print(f"=== {direction}: scoring the run in {model_dir} again", flush=True)
+    model = keras.saving.load_model(os.path.join(model_dir, MODEL_FILE), compile=False, safe_mode=True)
+    tokenizer = SubwordTokenizer.load(os.path.join(model_dir, TOKENIZER_FILE))
+    return score_direction(run_config, direction, minutes, keep_after, overrides, curve_minutes, results_path,
+                           model_dir, model, tokenizer, training, average)
+
+
+def score_direction(run_config, direction, minutes, keep_after, overrides, curve_minutes, results_path,
+                    model_dir, model, tokenizer, training, average):
+    """Averages and scores a trained direction; returns its JSON-ready entry."""
+    import keras
+
+    from keras_transformer.train.checkpoints import average_model_directory, prune_checkpoints
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import CHECKPOINT_DIR, MODEL_FILE
+    from keras_transformer.train.run import load_corpus
+
+    source_lang, target_lang = direction.split("-")
     started = time.monotonic()
-    averaged_dir, averaged_from = average_model_directory(result.model_dir, last=average, overwrite=True)
+    averaged_dir, averaged_from = average_model_directory(model_dir, last=average, overwrite=True)
     averaged = keras.saving.load_model(os.path.join(averaged_dir, MODEL_FILE), compile=False, safe_mode=True)
     average_seconds = time.monotonic() - started
 
@@ -126,16 +184,16 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
     if config_search != PAPER_SEARCH:
         searches["search"] = config_search
     scores = {}
-    for weights, model in (("last", result.model), ("averaged", averaged)):
+    for weights, weights_model in (("last", model), ("averaged", averaged)):
         for decode, search in searches.items():
             started = time.monotonic()
-            translator = Translator(model, result.tokenizer, **search, batch_size=run_config.eval_batch_size)
+            translator = Translator(weights_model, tokenizer, **search, batch_size=run_config.eval_batch_size)
             translations = translator.translate(sources, progress=True)
             seconds = time.monotonic() - started
             key = f"{weights}_{decode}"
             scores[key] = sacrebleu_scores(translations, references)
             scores[key]["decode_seconds"] = round(seconds, 1)
-            path = os.path.join(result.model_dir, f"test2016_{key}.{target_lang}")
+            path = os.path.join(model_dir, f"test2016_{key}.{target_lang}")
             with open(path, "w", encoding="utf-8") as file:
                 file.write("\n".join(translations) + "\n")
             print(
@@ -146,51 +204,53 @@ def run_direction(data_dir, direction, minutes, average, overrides, output_dir, 
             )
     val_pairs = load_corpus(run_config)["validation"]
     started = time.monotonic()
-    translator = Translator(result.model, result.tokenizer, **PAPER_SEARCH, batch_size=run_config.eval_batch_size)
+    translator = Translator(model, tokenizer, **PAPER_SEARCH, batch_size=run_config.eval_batch_size)
     val_scores = sacrebleu_scores(
         translator.translate([source for source, _ in val_pairs], progress=True), [t for _, t in val_pairs]
     )
     val_scores["decode_seconds"] = round(time.monotonic() - started, 1)
     print(f"{direction} val last_beam       BLEU {val_scores['bleu']:.2f}", flush=True)
 
-    checkpoint_dir = os.path.join(result.model_dir, CHECKPOINT_DIR)
+    checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
     curve = []
     if curve_minutes:
         curve = bleu_against_minutes(
-            result, checkpoint_dir, sources, references, curve_minutes, run_config.eval_batch_size
+            model_dir, tokenizer, training, checkpoint_dir, sources, references, curve_minutes,
+            run_config.eval_batch_size,
         )
     prune_checkpoints(checkpoint_dir, keep_after)
     # The recipe's training curves beside the scores, where the docs show them; a trial
     # with --set leaves them as they were (its curves stay in its model directory).
-    curves = pathlib.Path(result.model_dir) / "training_curves.png"
+    curves = pathlib.Path(model_dir) / "training_curves.png"
     if curves.is_file() and not _trial_changes(overrides):
         shutil.copyfile(curves, results_path.with_name(f"{results_path.stem}_{source_lang}_{target_lang}_curves.png"))
-    config = result.model.config
     return {
         "direction": direction,
         "budget_minutes": minutes,
-        "train_seconds": round(result.train_seconds, 1),
-        "steps": result.steps,
-        "epochs_started": len(result.history.history.get("loss", [])),  # the last one cut by the budget
-        "epochs_trained": round(result.steps / max(result.steps_per_epoch, 1), 2),
-        "target_tokens_per_second": round(result.target_tokens_per_second, 1),
-        "stopped_by_time_budget": result.stopped_by_time_budget,
-        "parameters": int(result.model.count_params()),
-        "model_config": dataclasses.asdict(config),
+        "train_seconds": training["train_seconds"],
+        "steps": training["steps"],
+        "epochs_started": training["epochs_started"],
+        "epochs_trained": round(training["steps"] / max(training["steps_per_epoch"], 1), 2),
+        "target_tokens_per_second": training["target_tokens_per_second"],
+        "stopped_by_time_budget": training["stopped_by_time_budget"],
+        "parameters": int(model.count_params()),
+        "model_config": dataclasses.asdict(model.config),
         "run_config_overrides": list(overrides),
         "config": os.path.relpath(CONFIGS[direction], ROOT),
         "search": config_search,
         "averaged_checkpoints": [os.path.basename(p) for p in averaged_from],
         "average_seconds": round(average_seconds, 1),
-        "validation_loss": [float(x) for x in result.history.history.get("val_loss", [])],
-        "model_dir": os.path.relpath(result.model_dir, ROOT),
+        "validation_loss": training["validation_loss"],
+        "model_dir": os.path.relpath(model_dir, ROOT),
         "test2016": scores,
         "val": {"last_beam": val_scores},
         "bleu_against_minutes": curve,
+        "machine": training["machine"],  # the machine that trained it
     }
 
 
-def bleu_against_minutes(result, checkpoint_dir, sources, references, every_minutes, batch_size):
+def bleu_against_minutes(model_dir, tokenizer, training, checkpoint_dir, sources, references, every_minutes,
+                         batch_size):
     """Greedy test2016 BLEU of the run's checkpoints, about `every_minutes` apart.
 
     A checkpoint's minute is its update count (`step_N`, or `epoch_N` times the steps of
@@ -204,20 +264,20 @@ def bleu_against_minutes(result, checkpoint_dir, sources, references, every_minu
     from keras_transformer.train.checkpoints import latest_checkpoints
 
     paths = latest_checkpoints(checkpoint_dir, k=10**9)
-    if not paths or not result.steps:
+    if not paths or not training["steps"]:
         return []
-    seconds_per_step = result.train_seconds / result.steps
+    seconds_per_step = training["train_seconds"] / training["steps"]
     chosen, last_minute = [], None
     for index, path in enumerate(paths):
         number = int(re.search(r"(\d+)\.weights\.h5$", path).group(1))
-        step = number if os.path.basename(path).startswith("step_") else number * result.steps_per_epoch
+        step = number if os.path.basename(path).startswith("step_") else number * training["steps_per_epoch"]
         minute = step * seconds_per_step / 60.0
         if last_minute is None or minute - last_minute >= every_minutes or index == len(paths) - 1:
             chosen.append((step, minute, path))
             last_minute = minute
-    model = keras.saving.load_model(os.path.join(result.model_dir, MODEL_FILE), compile=False, safe_mode=True)
+    model = keras.saving.load_model(os.path.join(model_dir, MODEL_FILE), compile=False, safe_mode=True)
     # One translator: its compiled decoder reads the variables, so loading new values is seen.
-    translator = Translator(model, result.tokenizer, beam_size=1, batch_size=batch_size)
+    translator = Translator(model, tokenizer, beam_size=1, batch_size=batch_size)
     points = []
     for step, minute, path in chosen:
         model.load_weights(path)
@@ -337,6 +397,11 @@ def main(argv=None):
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "multi30k.json"), help="JSON to update")
     parser.add_argument("--charts", action="store_true", help="redraw the charts from --results and exit")
     parser.add_argument("--markdown", action="store_true", help="print the run table of --results and exit")
+    parser.add_argument(
+        "--rescore", action="store_true",
+        help="do not train: score the model directories that this command trained before (their "
+        f"{TRAINING_FILE}), e.g. after the decoding crashed or was stopped",
+    )
     args = parser.parse_args(argv)
 
     directions = [d for d in args.directions.split(",") if d]
@@ -370,14 +435,13 @@ def main(argv=None):
                 parser.error(f"expected {split}.{lang} in {data_dir}; it is missing")
 
     for direction in directions:
-        load_at_start = machine.load_average()
-        entry = run_direction(
+        entry = (rescore_direction if args.rescore else run_direction)(
             data_dir, direction, args.minutes, args.average, args.set, args.output_dir, args.curve_minutes,
             results_path,
         )
         entry["command"] = "python bench/multi30k.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        entry["machine"] = machine.machine_info()
-        entry["machine"]["load_average_1min_at_start"] = load_at_start
+        if args.rescore:
+            entry["rescored"] = True  # trained by this command without --rescore, scored by this one
         if not _trial_changes(entry["run_config_overrides"]) or direction not in payload["directions"]:
             payload["directions"][direction] = entry
         payload["runs"].append(entry)
