@@ -132,6 +132,29 @@ def test_a_start_after_the_run_trains_as_if_the_rates_were_zero_and_restores_the
     assert {layer.rate for layer in delayed(loaded)} == {0.1}
 
 
+def test_a_fit_stopped_by_an_error_does_not_lose_the_rates():
+    class Fail(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("stopped")
+
+    model = model_with_dropouts()
+    with pytest.raises(RuntimeError, match="stopped"):  # on_train_end never runs: rates left at 0
+        fit(model, *data(), callbacks=[LateDropout(start_step=8), Fail()], epochs=EPOCHS)
+    assert {layer.rate for layer in delayed(model)} == {0.0}
+    # A new callback still finds the built rates (not 0, "nothing to delay"), and restores them.
+    class Rates(keras.callbacks.Callback):  # the delayed rate each batch runs with
+        seen = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.seen.append(delayed(self.model)[0].rate)
+
+    callback = LateDropout(start_step=3)
+    fit(model, *data(), callbacks=[callback, Rates()])
+    # The stopped fit applied update 1, so update 3 is this fit's third batch (index 2).
+    assert callback.switched_at == 3 and Rates.seen == [0.0, 0.0, 0.1, 0.1, 0.1, 0.1]
+    assert {layer.rate for layer in delayed(model)} == {0.1}
+
+
 def test_the_residual_kind_delays_the_papers_dropout_too():
     kinds = ("attention", "activation", "residual")
     model = model_with_dropouts(dropout=0.1)

@@ -41,6 +41,8 @@ from keras_transformer.train.budget_estimate import budget_schedule_of
 KINDS = ("attention", "activation", "residual")
 # The two tensor2tensor added to the paper's residual dropout: what a budget run delays.
 DEFAULT_KINDS = ("attention", "activation")
+# The attribute that keeps a Dropout layer's built rate while LateDropout changes `rate`.
+BUILT_RATE = "_late_dropout_built_rate"
 
 
 def dropout_layers(model):
@@ -141,7 +143,13 @@ class LateDropout(keras.callbacks.Callback):
         if self.start_fraction is not None:
             self._schedule, _ = budget_schedule_of(optimizer)
         found = dropout_layers(self.model)
-        self._layers = [(layer, layer.rate) for kind in self.kinds for layer in found[kind] if layer.rate > 0]
+        layers = [layer for kind in self.kinds for layer in found[kind]]
+        for layer in layers:
+            # Kept on the layer the first time a LateDropout sees it: a fit stopped by an
+            # exception skips on_train_end, and the next fit must not take 0 for its rate.
+            if not hasattr(layer, BUILT_RATE):
+                setattr(layer, BUILT_RATE, layer.rate)
+        self._layers = [(layer, getattr(layer, BUILT_RATE)) for layer in layers if getattr(layer, BUILT_RATE) > 0]
         if not self._layers:
             raise ValueError(
                 f"LateDropout has nothing to delay: the model's {', '.join(self.kinds)} dropout "
