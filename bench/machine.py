@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -152,9 +153,13 @@ def grouped_bar_chart(path, title, ylabel, groups, series, note=None, log_scale=
         axes.set_yscale("log")
     axes.set_title(title, fontsize=10)
     axes.legend(fontsize=8)
+    lines = []
     if note:
-        figure.text(0.01, 0.01, note, fontsize=7)
-    figure.tight_layout(rect=(0, 0.04, 1, 1))
+        # Wrapped to the figure's width (~20 characters an inch at 7 points), so a long
+        # note (two machines, say) is not cut off at the right edge.
+        lines = textwrap.wrap(note, width=int(figure.get_figwidth() * 20))
+        figure.text(0.01, 0.01, "\n".join(lines), fontsize=7)
+    figure.tight_layout(rect=(0, 0.01 + 0.03 * max(len(lines), 1), 1, 1))
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

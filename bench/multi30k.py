@@ -288,9 +288,10 @@ def bleu_against_minutes(model_dir, tokenizer, training, checkpoint_dir, sources
 
 
 def _machine_note(info):
+    load = info.get("load_average_1min_at_start")
     return (
-        f"{info['cpu_model']}, {info['usable_cores']} cores, load {info.get('load_average_1min_at_start')}"
-        f" at start; TF {info['versions'].get('tensorflow')}, Keras {info['versions'].get('keras')}"
+        f"{info['cpu_model']}, {info['usable_cores']} cores, load "
+        f"{'not recorded' if load is None else load} at start; TF {info['versions'].get('tensorflow')}, Keras {info['versions'].get('keras')}"
     )
 
 
