@@ -46,6 +46,7 @@ import json
 import os
 import time
 import warnings
+import weakref
 
 import keras
 
@@ -243,8 +244,8 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         else:  # the epoch's backup exists now: a kill from here on resumes with the estimate
             self._write_state(make_directory=True)
         now = self.clock()
-        function = getattr(self.model, "train_function", None)
-        if self._epoch_clean and self._ended_function is not self._epoch_function:
+        function = self._train_function()
+        if self._epoch_clean and not self._same_function(self._ended_function, self._epoch_function):
             self._epoch_clean = False  # another callback rebuilt the step during that epoch
         if self._epochs > 0 and self._epoch_clean:
             mark_time, mark_batches = self._epoch_mark
@@ -259,8 +260,10 @@ class StepBudgetEstimator(keras.callbacks.Callback):
         # The first epoch of a fit compiles the step; so does any epoch begun on a rebuilt one.
         # A step rebuilt by another callback (LateDropout) compiles again too: the epoch is
         # clean only on the very function that ran the whole epoch before.
-        self._epoch_clean = self._epochs > 0 and not self._rebuilt and function is self._ended_function
-        self._epoch_function = getattr(self.model, "train_function", None)
+        self._epoch_clean = (
+            self._epochs > 0 and not self._rebuilt and self._same_function(function, self._ended_function)
+        )
+        self._epoch_function = self._train_function()
         self._epoch_mark = (now, self._batches)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -281,7 +284,7 @@ class StepBudgetEstimator(keras.callbacks.Callback):
             self._measured_in_epoch = self._epochs
 
     def on_epoch_end(self, epoch, logs=None):
-        self._ended_function = getattr(self.model, "train_function", None)
+        self._ended_function = self._train_function()
         self._epoch_base = self._batches
         self._epochs += 1
         if logs is not None:
@@ -295,6 +298,23 @@ class StepBudgetEstimator(keras.callbacks.Callback):
             )
 
     # ---------------------------------------------------------------- internals
+    def _train_function(self):
+        """A weak reference to the model's current train function (None before there is one).
+
+        Weak: a live reference to a replaced `jax.jit` function lets the new one reuse its
+        trace (with the old total baked in); it must be garbage as soon as it is replaced.
+        Read through `_model`: Keras' `Callback.model` syncs JAX's state on every access.
+        """
+        function = getattr(self._model, "train_function", None)
+        return None if function is None else weakref.ref(function)
+
+    @staticmethod
+    def _same_function(first, second):
+        """Whether two `_train_function` references name one live function."""
+        if first is None or second is None:
+            return first is second
+        return first() is not None and first() is second()
+
     def _resume(self):
         state = self._read_state()
         if state is None:
