@@ -69,6 +69,8 @@ _MAPPED_FIELDS = frozenset(
         "dropout",  # training only
         "attention_dropout",  # training only
         "activation_dropout",  # training only
+        "source_word_dropout",  # training only
+        "target_word_dropout",  # training only
         "max_length",
         "share_embeddings",
         "norm_first",

@@ -13,6 +13,7 @@ from keras_transformer.layers.embedding import (
 from keras_transformer.layers.encoder import EncoderBlock
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.residual import ResidualBlock
+from keras_transformer.layers.word_dropout import WordDropout
 
 __all__ = [
     "masks",
@@ -26,4 +27,5 @@ __all__ = [
     "ResidualBlock",
     "EncoderBlock",
     "DecoderBlock",
+    "WordDropout",
 ]

@@ -61,6 +61,8 @@ class TransformerConfig:
     dropout: float = 0.1  # P_drop on sub-layer outputs and embedding sums (5.4)
     attention_dropout: float = 0.0  # not in the paper; tensor2tensor later used 0.1
     activation_dropout: float = 0.0  # not in the paper ("relu dropout" in tensor2tensor)
+    source_word_dropout: float = 0.0  # not in the paper: whole source token embeddings (Marian)
+    target_word_dropout: float = 0.0  # not in the paper: whole decoder-input token embeddings
     max_length: int = 256  # longest source or target sequence in tokens, BOS/EOS included
     share_embeddings: bool = True  # one matrix for both embeddings and the softmax (3.4)
     norm_first: bool = False  # the paper is post-norm (5.4); pre-norm is a departure
@@ -83,7 +85,13 @@ class TransformerConfig:
             "max_length",
         ):
             checks.check_positive_int(name, getattr(self, name))
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
+        for name in (
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "source_word_dropout",
+            "target_word_dropout",
+        ):
             checks.check_rate(name, getattr(self, name))
         checks.check_positive_number("layer_norm_epsilon", self.layer_norm_epsilon)
         if self.d_model % self.num_heads != 0:

@@ -8,6 +8,9 @@ deliberately not Keras layers: the `Transformer` model owns the layers, so their
 of earlier versions stay valid; a stack only says how the layers are wired.
 """
 
+import random
+import zlib
+
 import keras
 from keras import ops
 
@@ -20,23 +23,37 @@ from keras_transformer.layers.embedding import (
     TokenEmbedding,
 )
 from keras_transformer.layers.encoder import EncoderBlock
+from keras_transformer.layers.word_dropout import WordDropout
 
 
 class _Stack:
     """What both stacks share: embed the ids, run the blocks, close with the final norm."""
 
     def __init__(
-        self, token_embedding, position_encoding, embedding_dropout, blocks, final_norm=None
+        self,
+        token_embedding,
+        position_encoding,
+        embedding_dropout,
+        blocks,
+        final_norm=None,
+        word_dropout=None,
     ):
         self.token_embedding = token_embedding
         self.position_encoding = position_encoding
         self.embedding_dropout = embedding_dropout
         self.blocks = list(blocks)
         self.final_norm = final_norm
+        self.word_dropout = word_dropout
 
     def embed(self, token_ids, start_index=0, training=None, positions=None):
-        """Token embeddings plus positions from `start_index` (or `positions`), then dropout (3.4, 3.5, 5.4)."""
+        """Token embeddings plus positions from `start_index` (or `positions`), then dropout (3.4, 3.5, 5.4).
+
+        With word dropout, whole token embeddings are dropped before the positions are
+        added, so a dropped word keeps its position.
+        """
         x = self.token_embedding(token_ids)
+        if self.word_dropout is not None:
+            x = self.word_dropout(x, training=training)
         x = x + self.position_encoding(x, start_index=start_index, positions=positions)
         return self.embedding_dropout(x, training=training)
 
@@ -100,9 +117,12 @@ class DecoderStack(_Stack):
         embedding_dropout,
         blocks,
         final_norm=None,
+        word_dropout=None,
         output_projection=None,
     ):
-        super().__init__(token_embedding, position_encoding, embedding_dropout, blocks, final_norm)
+        super().__init__(
+            token_embedding, position_encoding, embedding_dropout, blocks, final_norm, word_dropout
+        )
         self.output_projection = output_projection
 
     def __call__(
@@ -197,13 +217,17 @@ def build_stacks(config, dtype):
         output_projection = keras.layers.Dense(
             config.vocab_size, dtype=dtype, name="output_projection"
         )
+    encoder_layers = _stack_layers(config, dtype, "encoder", EncoderBlock, config.num_encoder_layers)
+    decoder_layers = _stack_layers(config, dtype, "decoder", DecoderBlock, config.num_decoder_layers)
     encoder = EncoderStack(
         encoder_embedding,
-        *_stack_layers(config, dtype, "encoder", EncoderBlock, config.num_encoder_layers),
+        *encoder_layers,
+        word_dropout=_word_dropout(config.source_word_dropout, dtype, "encoder"),
     )
     decoder = DecoderStack(
         decoder_embedding,
-        *_stack_layers(config, dtype, "decoder", DecoderBlock, config.num_decoder_layers),
+        *decoder_layers,
+        word_dropout=_word_dropout(config.target_word_dropout, dtype, "decoder"),
         output_projection=output_projection,
     )
     return encoder, decoder
@@ -240,6 +264,24 @@ def _stack_layers(config, dtype, side, block_class, count):
             epsilon=config.layer_norm_epsilon, dtype=dtype, name=f"{side}_final_norm"
         )
     return positions, dropout, blocks, final_norm
+
+
+def _word_dropout(rate, dtype, side):
+    """The side's `WordDropout`, or None at rate 0 (the layers of earlier versions).
+
+    A Dropout made without a seed draws one from Python's global generator, which the
+    initializers draw from too: that draw would change every initial weight. The seed is
+    read from a copy of the generator instead (and mixed with the layer's name), so a
+    model with word dropout starts from the same weights as one without, under the same
+    `keras.utils.set_random_seed`.
+    """
+    if rate == 0:
+        return None
+    name = f"{side}_word_dropout"
+    generator = random.Random()
+    generator.setstate(random.getstate())
+    seed = (generator.getrandbits(31) ^ zlib.crc32(name.encode())) & 0x7FFFFFFF
+    return WordDropout(rate, seed=seed, dtype=dtype, name=name)
 
 
 __all__ = ["EncoderStack", "DecoderStack", "build_stacks"]

@@ -24,6 +24,8 @@ Kinds, each the Dropout sub-layers of one place in the blocks:
 - `"attention"`: on the attention weights (`MultiHeadAttention`, `attention_dropout`);
 - `"activation"`: after the feed-forward activation (`PositionwiseFeedForward`,
   `activation_dropout`);
+- `"word"`: the `WordDropout` layers that drop whole token embeddings
+  (`source_word_dropout`, `target_word_dropout`);
 - `"residual"`: every other one: the paper's P_drop on each sub-layer's output and on
   the embedding sums (`dropout`).
 """
@@ -35,10 +37,11 @@ import keras
 from keras_transformer import checks
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.word_dropout import WordDropout
 from keras_transformer.train.accumulation import applied_updates
 from keras_transformer.train.budget_estimate import budget_schedule_of
 
-KINDS = ("attention", "activation", "residual")
+KINDS = ("attention", "activation", "word", "residual")
 # The two tensor2tensor added to the paper's residual dropout: what a budget run delays.
 DEFAULT_KINDS = ("attention", "activation")
 # The attribute that keeps a Dropout layer's built rate while LateDropout changes `rate`.
@@ -54,15 +57,17 @@ def dropout_layers(model):
     # `_flatten_layers` (Keras' own walk, as `Layer.quantize` uses) reaches the layers
     # inside our blocks; `model.layers` lists the top level only.
     layers = list(model._flatten_layers(include_self=False))
-    owned = {"attention": [], "activation": []}
+    owned = {"attention": [], "activation": [], "word": []}
     for layer in layers:
         if isinstance(layer, MultiHeadAttention):
             owned["attention"].append(layer.dropout_layer)
         elif isinstance(layer, PositionwiseFeedForward) and hasattr(layer, "dropout_layer"):
             owned["activation"].append(layer.dropout_layer)
+        elif isinstance(layer, WordDropout):
+            owned["word"].append(layer)
     taken = {id(layer) for group in owned.values() for layer in group}
     residual = [l for l in layers if isinstance(l, keras.layers.Dropout) and id(l) not in taken]
-    return {"attention": owned["attention"], "activation": owned["activation"], "residual": residual}
+    return {**owned, "residual": residual}
 
 
 class LateDropout(keras.callbacks.Callback):
@@ -75,7 +80,7 @@ class LateDropout(keras.callbacks.Callback):
             them: on from `ceil(start_fraction * total_steps)`, where `total_steps` is the
             optimizer's `BudgetSchedule`'s (read at every check, so it follows the total
             a `StepBudgetEstimator` sets from the measured step time).
-        kinds: which dropouts to delay, from `("attention", "activation", "residual")`;
+        kinds: which dropouts to delay, from `("attention", "activation", "word", "residual")`;
             defaults to `("attention", "activation")`.
         print_fn: callable taking a str, for the line printed at the switch; `print`.
 
