@@ -19,6 +19,29 @@ if keras.backend.backend() == "torch":
     torch.set_num_threads(1)
 
 
+if keras.backend.backend() == "jax":
+    import atexit  # noqa: E402
+    import shutil  # noqa: E402
+    import tempfile  # noqa: E402
+
+    import jax  # noqa: E402
+
+    # Most tests build the same tiny model and fit it on the same shapes, each time in a
+    # new jitted function that JAX would compile again. XLA's compilation cache is keyed
+    # by the program, not the function object: with it, the session compiles each program
+    # once (halves test_late_dropout.py's time). One cache per session, removed at exit;
+    # the environment passes it to the tests' child processes too.
+    _JAX_CACHE = tempfile.mkdtemp(prefix="kt-jax-cache-")
+    atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
+    for _option, _value in (
+        ("jax_compilation_cache_dir", _JAX_CACHE),
+        ("jax_persistent_cache_min_entry_size_bytes", -1),
+        ("jax_persistent_cache_min_compile_time_secs", 0),
+    ):
+        os.environ[_option.upper()] = str(_value)
+        jax.config.update(_option, _value)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_policy():
     """Every test starts from the same seed and the float32 policy, and restores it."""

@@ -260,7 +260,7 @@ def test_mirrored_loss_is_the_mean_over_all_real_tokens_when_replicas_hold_unequ
 
 @pytest.mark.slow  # 26-71 s here, depending on the load of the shared machine
 @tensorflow_only
-def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
+def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path, mirrored_run):
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     workers = []
@@ -277,6 +277,9 @@ def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
                     text=True,
                 )
             )
+        # One device on the uneven batches, computed here while the workers train.
+        uneven_data = distributed_child.dataset(pairs=distributed_child.uneven_batch())
+        uneven_reference, _, _ = distributed_child.fit_losses("default", data=uneven_data)
         outputs = [worker.communicate(timeout=CHILD_TIMEOUT_S) for worker in workers]
     finally:
         for worker in workers:
@@ -287,9 +290,7 @@ def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
         assert worker.returncode == 0, stderr[-6000:]
     results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 
-    reference, _, _ = distributed_child.fit_losses("default")
-    uneven_data = distributed_child.dataset(pairs=distributed_child.uneven_batch())
-    uneven_reference, _, _ = distributed_child.fit_losses("default", data=uneven_data)
+    reference = mirrored_run["single"]  # one device on the same batches: the mirrored child's
     for index, result in enumerate(results):
         assert result["engine"] == "KerasMultiWorkerMirroredStrategy"  # what "auto" picked
         assert result["same_engine"]  # the scope reused the strategy made at startup

@@ -15,9 +15,11 @@ nonsense but every call is real), small demo-corpus files (`train.en`, `train.de
 `test.en`, `test.de`, `sentences.txt`). The examples print what they print; the test
 checks that they run, not what the stand-in model translates.
 
-The examples run in one process, so their cost is mostly tracing: about 1.5 minutes
-on 2 CPU cores shared with other jobs, most of it kt-train, the `model.fit` script and
-the compiled beam searches of docs/training.md and docs/translating.md.
+The examples of a page run in one process, so their cost is mostly tracing. They run
+under TensorFlow (kt-export and the SavedModel examples need it), except those of
+docs/training.md, which train several models and run under PyTorch, eagerly, in the
+PyTorch session (`TORCH_PAGES`); the checks of the pages' text run in the TensorFlow
+session. Under JAX nothing here runs.
 """
 
 import contextlib
@@ -33,10 +35,12 @@ import time
 import keras
 import pytest
 
-if keras.backend.backend() != "tensorflow":
+BACKEND = keras.backend.backend()
+if BACKEND == "jax":
     pytest.skip(
-        "the docs examples run once, under KERAS_BACKEND=tensorflow: kt-export and the "
-        "SavedModel examples need TensorFlow, and the other tests cover JAX and PyTorch",
+        "the docs examples run once: under KERAS_BACKEND=tensorflow (kt-export and the "
+        "SavedModel examples need TensorFlow), docs/training.md's under torch; the other "
+        "tests cover JAX",
         allow_module_level=True,
     )
 
@@ -55,6 +59,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = sorted(os.path.relpath(path, ROOT) for path in glob.glob(os.path.join(ROOT, "docs", "*.md")))
 PAGES = ["README.md", *DOCS, os.path.join("saved_models", "README.md")]
 NUM_TRAIN_PAIRS = 1000  # enough text for the examples' 400-piece tokenizers
+# Pages whose examples run in the PyTorch session: nothing on them needs TensorFlow's
+# backend, and eager PyTorch traces nothing, where TensorFlow traces the train step of
+# every model the page builds (docs/training.md's took 160 s of the TensorFlow session).
+TORCH_PAGES = {os.path.join("docs", "training.md")}
+in_tensorflow_session = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="checks the pages' text: runs once, in the tensorflow session"
+)
 NUM_TEST_PAIRS = 8
 
 
@@ -63,11 +74,13 @@ def _blocks(page):
 
 
 # ------------------------------------------------------------------ the rules, checked statically
+@in_tensorflow_session
 def test_every_block_runs_or_says_why_not():
     problems = [problem for page in PAGES for block in _blocks(page) if (problem := block_problem(block))]
     assert not problems, "\n".join(problems)
 
 
+@in_tensorflow_session
 def test_every_command_in_a_run_block_exists():
     """Each `kt-X` or `python -m training.X` of a run block has a keras_transformer/cli module."""
     missing = []
@@ -81,6 +94,7 @@ def test_every_command_in_a_run_block_exists():
     assert not missing, "commands without a keras_transformer/cli module:\n" + "\n".join(missing)
 
 
+@in_tensorflow_session
 def test_architecture_page_names_every_module():
     """docs/architecture.md's tree and the modules on disk are the same set.
 
@@ -100,6 +114,7 @@ def test_architecture_page_names_every_module():
     assert sorted(listed - on_disk) == [], "docs/architecture.md names modules that do not exist"
 
 
+@in_tensorflow_session
 def test_local_links_point_to_files_that_exist():
     broken = []
     for page in [*PAGES, "CHANGELOG.md"]:
@@ -110,6 +125,7 @@ def test_local_links_point_to_files_that_exist():
     assert not broken, "\n".join(broken)
 
 
+@in_tensorflow_session
 def test_readme_and_docs_share_no_text():
     """Each text lives in one place: no long README line is repeated in a docs page."""
 
@@ -187,7 +203,14 @@ def _run_shell(block):
         assert status in (0, None), f"{block.where}: `{command.text}` exited with {status}"
 
 
-@pytest.mark.parametrize("page", PAGES)
+def _session_of(page):
+    backend = "torch" if page in TORCH_PAGES else "tensorflow"
+    return pytest.param(
+        page, marks=pytest.mark.skipif(BACKEND != backend, reason=f"{page}'s examples run in the {backend} session")
+    )
+
+
+@pytest.mark.parametrize("page", [_session_of(page) for page in PAGES])
 def test_examples_run(page, workdir):
     namespace = {"__name__": "__docs__"}
     for block in _blocks(page):

@@ -135,7 +135,13 @@ def test_transformer_quantize_collects_once_and_equals_keras_quantize():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ours.quantize("int8")
-        keras.Model.quantize(reference, "int8")
-    assert gc.collect is collect
+        assert gc.collect is collect
+        # Keras' own path collects after every kernel it drops, a second each late in a
+        # test session; a collection cannot change the weights, so the reference skips it.
+        gc.collect = lambda generation=2: 0
+        try:
+            keras.Model.quantize(reference, "int8")
+        finally:
+            gc.collect = collect
     np.testing.assert_array_equal(to_numpy(ours(INPUTS)), to_numpy(reference(INPUTS)))
     assert sorted(v.path for v in ours.variables) == sorted(v.path for v in reference.variables)
