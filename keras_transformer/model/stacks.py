@@ -106,23 +106,13 @@ class DecoderStack(_Stack):
     (`[B, S]`): self- and cross-attention then stay within each pair.
 
     Args:
+        *args, **kwargs: the layers both stacks hold (see `_Stack`).
         output_projection: the pre-softmax `Dense` layer, or None to reuse the token
             embedding matrix (shared embeddings, 3.4).
     """
 
-    def __init__(
-        self,
-        token_embedding,
-        position_encoding,
-        embedding_dropout,
-        blocks,
-        final_norm=None,
-        word_dropout=None,
-        output_projection=None,
-    ):
-        super().__init__(
-            token_embedding, position_encoding, embedding_dropout, blocks, final_norm, word_dropout
-        )
+    def __init__(self, *args, output_projection=None, **kwargs):
+        super().__init__(*args, **kwargs)
         self.output_projection = output_projection
 
     def __call__(
