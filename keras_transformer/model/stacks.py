@@ -207,16 +207,14 @@ def build_stacks(config, dtype):
         output_projection = keras.layers.Dense(
             config.vocab_size, dtype=dtype, name="output_projection"
         )
-    encoder_layers = _stack_layers(config, dtype, "encoder", EncoderBlock, config.num_encoder_layers)
-    decoder_layers = _stack_layers(config, dtype, "decoder", DecoderBlock, config.num_decoder_layers)
     encoder = EncoderStack(
         encoder_embedding,
-        *encoder_layers,
+        *_stack_layers(config, dtype, "encoder", EncoderBlock, config.num_encoder_layers),
         word_dropout=_word_dropout(config.source_word_dropout, dtype, "encoder"),
     )
     decoder = DecoderStack(
         decoder_embedding,
-        *decoder_layers,
+        *_stack_layers(config, dtype, "decoder", DecoderBlock, config.num_decoder_layers),
         word_dropout=_word_dropout(config.target_word_dropout, dtype, "decoder"),
         output_projection=output_projection,
     )
