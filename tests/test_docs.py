@@ -17,8 +17,9 @@ checks that they run, not what the stand-in model translates.
 
 The examples of a page run in one process, so their cost is mostly tracing. They run
 under TensorFlow (kt-export and the SavedModel examples need it), except those of
-docs/training.md, which train several models and run under PyTorch, eagerly, in the
-PyTorch session (`TORCH_PAGES`); the checks of the pages' text run in the TensorFlow
+docs/training.md, which train several models, and docs/translating.md, which makes
+several translators: they run under PyTorch, eagerly, in the PyTorch session
+(`TORCH_PAGES`); the checks of the pages' text run in the TensorFlow
 session. Under JAX nothing here runs.
 """
 
@@ -61,8 +62,9 @@ PAGES = ["README.md", *DOCS, os.path.join("saved_models", "README.md")]
 NUM_TRAIN_PAIRS = 1000  # enough text for the examples' 400-piece tokenizers
 # Pages whose examples run in the PyTorch session: nothing on them needs TensorFlow's
 # backend, and eager PyTorch traces nothing, where TensorFlow traces the train step of
-# every model the page builds (docs/training.md's took 160 s of the TensorFlow session).
-TORCH_PAGES = {os.path.join("docs", "training.md")}
+# every model the page builds (docs/training.md's took 160 s of the TensorFlow session)
+# and compiles a search for every translator and command (docs/translating.md's: 53 s).
+TORCH_PAGES = {os.path.join("docs", "training.md"), os.path.join("docs", "translating.md")}
 in_tensorflow_session = pytest.mark.skipif(
     BACKEND != "tensorflow", reason="checks the pages' text: runs once, in the tensorflow session"
 )
