@@ -26,9 +26,8 @@ $(STAMP): pyproject.toml constraints.txt
 # the suite takes about half the time of one stream. TensorFlow's session is the longest,
 # yet JAX's and PyTorch's together are longer still, so two PyTorch files run after
 # TensorFlow in a session of their own (torch-after): the killed-run chains (~2 minutes)
-# and the docs' examples (~1 minute). On a slow 2-core machine, with only the first moved,
-# the two streams took 1,305 s and 1,313 s (TensorFlow, then the moved file | JAX, then
-# the rest of PyTorch).
+# and the docs' examples (~1 minute). On a slow 2-core machine the two streams then took
+# 1,358 s and 1,315 s (TensorFlow, then those two | JAX, then the rest of PyTorch).
 # Every line is prefixed with its session; each session's summary is repeated at the end.
 TORCH_AFTER_TENSORFLOW := tests/test_fault_injection.py tests/test_docs.py
 

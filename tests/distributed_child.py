@@ -6,11 +6,12 @@ host devices for JAX, a TF_CONFIG cluster), so these runs happen in child proces
 module imports `fit_losses` too, for single-device references in its own process.
 
 Every run trains the same tiny Transformer from the same seed on one fixed batch of 4
-sentence pairs (JAX's runs: without padding too). The uneven batch (`uneven_batch`)
-puts 2 real target tokens on one replica and 10 on the other: the loss is still the
-mean over all 12, so the losses and weights must equal one device's. (The even batch
-is the easy case of the same rule, so TensorFlow's runs train on the uneven one only:
-each run traces its own step, seconds of a test session.)
+sentence pairs. Without padding (`batch`) each replica of a 2-way split gets as many
+real tokens; the uneven batch (`uneven_batch`) puts 2 real target tokens on one replica
+and 10 on the other. The loss is the mean over all real tokens either way, so the
+losses and weights must equal one device's. TensorFlow's runs train on the uneven batch
+only (the even one is its easy case, and each run traces its own step: seconds of a
+test session); JAX's train on both.
 """
 
 import json
