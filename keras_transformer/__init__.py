@@ -8,7 +8,7 @@ Runs on TensorFlow, JAX and PyTorch (`KERAS_BACKEND`). The package is laid out b
 - `data`: corpus readers, the demo corpus, the subword tokenizer, the tf.data pipeline.
 - `train`: the paper's optimizer, schedule, loss and metrics; callbacks, checkpoints,
   precision, and the whole run from a TOML config.
-- `inference`: cached greedy and beam search, `Translator`, scoring, SavedModel export.
+- `inference`: cached greedy and beam search, ensembles, `Translator`, scoring, SavedModel export.
 - `distribute`: distribution strategies on each backend.
 - `cli`: the `kt-*` commands.
 
@@ -28,6 +28,7 @@ if _cli_common.is_command_process():  # a kt-* command: quiet TensorFlow before 
 
 from keras_transformer import distribute, layers  # noqa: E402
 from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer  # noqa: E402
+from keras_transformer.inference.ensemble import Ensemble, load_checkpoint_ensemble, load_ensemble  # noqa: E402
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
 from keras_transformer.train.compile import compile_transformer  # noqa: E402
 from keras_transformer.train.config import TrainingConfig  # noqa: E402
@@ -75,6 +76,9 @@ __all__ = [
     "TransformerConfig",
     "Transformer",
     "build_transformer",
+    "Ensemble",
+    "load_ensemble",
+    "load_checkpoint_ensemble",
     "TrainingConfig",
     "compile_transformer",
     "TransformerSchedule",

@@ -6,6 +6,8 @@
   `__init__` calls it first where `is_command_process()`.
 - `add_config_arguments` / `read_run_config`: `--config FILE` and `--set KEY=VALUE`
   (kt-train, kt-demo).
+- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable) and
+  `--ensemble-checkpoints K`, a model or an ensemble (kt-translate, kt-evaluate).
 - `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
   `--length-penalty`, `--max-extra` (kt-translate, kt-evaluate, kt-export), with the
   paper's defaults defined once in `inference.decoding`; `--batch-size` and sampling
@@ -179,6 +181,41 @@ def fail(parser, error):
 
 
 # ------------------------------------------------------------------------- decoding
+def add_model_arguments(parser):
+    """Adds `--model-dir DIR` (repeatable) and `--ensemble-checkpoints K` (kt-translate, kt-evaluate).
+
+    Several directories (`--model-dir A --model-dir B`: repeated, so that sentences
+    given as arguments after it are not read as directories) decode as an ensemble of their models, one directory with
+    `--ensemble-checkpoints K` as an ensemble of its run's last K checkpoints
+    (`keras_transformer.inference.ensemble`).
+    """
+    parser.add_argument(
+        "--model-dir",
+        required=True,
+        action="append",
+        metavar="DIR",
+        help="directory with model.keras and tokenizer.model; repeated (directories trained with "
+        "one tokenizer), an ensemble: their next-token probabilities averaged",
+    )
+    parser.add_argument(
+        "--ensemble-checkpoints",
+        type=int,
+        metavar="K",
+        help="decode with an ensemble of the run's last K checkpoints (MODEL_DIR/checkpoints) "
+        "instead of its model.keras: K times the decoding time",
+    )
+
+
+def translator_source(parser, args):
+    """`(what Translator takes first, its ensemble keyword arguments)` from `add_model_arguments`'."""
+    if args.ensemble_checkpoints is not None and len(args.model_dir) > 1:
+        parser.error("--ensemble-checkpoints takes one --model-dir: the run whose checkpoints are ensembled")
+    if len(args.model_dir) > 1:
+        return list(args.model_dir), {}
+    extra = {} if args.ensemble_checkpoints is None else {"ensemble_checkpoints": args.ensemble_checkpoints}
+    return args.model_dir[0], extra
+
+
 def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
     """Adds the search arguments.
 

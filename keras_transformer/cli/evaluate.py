@@ -23,7 +23,7 @@ def main(argv=None):
         description="Translate a source file (one sentence per line) with a trained model "
         "directory and print corpus BLEU, chrF (sacreBLEU) and the exact-match rate.",
     )
-    parser.add_argument("--model-dir", required=True, help="directory with model.keras and tokenizer.model")
+    common.add_model_arguments(parser)
     parser.add_argument("--source", required=True, help="source sentences, one per line")
     parser.add_argument("--reference", required=True, help="reference translations, one per line")
     parser.add_argument("--output", help="write the translations to this file, one per line")
@@ -32,6 +32,12 @@ def main(argv=None):
     )
     common.add_decoding_arguments(parser)
     args = parser.parse_args(argv)
+    source, ensemble = common.translator_source(parser, args)
+    if args.write_metrics and (len(args.model_dir) > 1 or ensemble):
+        parser.error(
+            "--write-metrics records one model's scores in its directory; an ensemble's "
+            "belong to no one directory (they are printed)"
+        )
 
     from keras_transformer.inference.evaluation import evaluate, read_lines
     from keras_transformer.inference.translator import Translator
@@ -45,7 +51,7 @@ def main(argv=None):
             )
         if not sources:
             raise ValueError(f"{args.source} is empty: there is nothing to score")
-        translator = Translator(args.model_dir, **common.decoding_settings(args))
+        translator = Translator(source, **ensemble, **common.decoding_settings(args))
     except common.COMMAND_ERRORS as error:
         common.fail(parser, error)
     scores, translations = evaluate(translator, sources, references, return_translations=True)
@@ -54,7 +60,7 @@ def main(argv=None):
             with open(args.output, "w", encoding="utf-8") as file:
                 file.writelines(line + "\n" for line in translations)
         if args.write_metrics:
-            common.write_metrics(args.model_dir, scores)
+            common.write_metrics(args.model_dir[0], scores)
     except OSError as error:
         common.fail(parser, error)
     print(json.dumps(scores, indent=2))

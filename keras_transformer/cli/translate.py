@@ -14,11 +14,14 @@ missing model or input file), 1 when translating or writing failed.
 line, in Moses' n-best format: `INDEX ||| TRANSLATION ||| SCORE`, INDEX counting input
 lines from 0 (`n_best_lines`). `--prefix TEXT` (repeated, one per sentence) or
 `--prefixes FILE` (one per input line) start each translation with a given text.
+`--model-dir` repeated decodes with an ensemble, and `--ensemble-checkpoints K` decodes
+with the run's last K checkpoints as one (`keras_transformer.inference.ensemble`).
 
 Example:
     kt-translate --model-dir saved_models/demo "on May 29, 2048"
     kt-translate --model-dir saved_models/demo --greedy < sentences.txt > out.txt
     kt-translate --model-dir saved_models/demo --n-best 4 "on May 29, 2048"
+    kt-translate --model-dir saved_models/demo --ensemble-checkpoints 2 "on May 29, 2048"
 """
 
 import argparse
@@ -38,7 +41,7 @@ def main(argv=None):
         description="Translate sentences given as arguments, in a file, or on standard "
         "input (one per line) with a trained model directory.",
     )
-    parser.add_argument("--model-dir", required=True, help="directory with model.keras and tokenizer.model")
+    common.add_model_arguments(parser)
     parser.add_argument("text", nargs="*", help="sentences to translate (default: read --input or stdin)")
     parser.add_argument("--input", help="file of sentences, one per line (default: stdin when no text)")
     parser.add_argument("--output", help="write translations here, one per line (default: stdout)")
@@ -87,8 +90,9 @@ def main(argv=None):
 
     from keras_transformer.inference.translator import Translator
 
+    source, ensemble = common.translator_source(parser, args)
     try:
-        translator = Translator(args.model_dir, **common.decoding_settings(args))
+        translator = Translator(source, **ensemble, **common.decoding_settings(args))
     except common.COMMAND_ERRORS as error:
         common.fail(parser, error)
     try:

@@ -13,6 +13,7 @@ shape, so a long stream of sentences costs a handful of compilations, not one pe
 
 import importlib
 import math
+import os
 import random
 import threading
 import typing
@@ -23,7 +24,7 @@ import numpy as np
 
 from keras_transformer import checks
 from keras_transformer.data.pipeline import default_bucket_boundaries
-from keras_transformer.inference import sampling
+from keras_transformer.inference import ensemble, sampling
 from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.inference.text_inputs import checked_strings, encodable, progress_bar
 from keras_transformer.inference.decoding import DECODE_METHODS, MAX_DECODE_EXTRA
@@ -95,7 +96,11 @@ class Translator:
 
     Args:
         model_dir_or_model: a model directory (str or path-like) holding
-            `model.keras` and `tokenizer.model`, or a `keras_transformer.Transformer`.
+            `model.keras` and `tokenizer.model`, or a `keras_transformer.Transformer`;
+            or, to decode with an ensemble (`keras_transformer.inference.ensemble`:
+            the members' next-token probabilities averaged at every step), a list of
+            model directories (or models) trained with one tokenizer, or an
+            `Ensemble`. A list takes its search defaults from its first directory.
         tokenizer: a `SubwordTokenizer` or a path to a `tokenizer.model` file (or its
             directory). Defaults to the tokenizer of the model directory; required
             when a model object is given.
@@ -117,6 +122,10 @@ class Translator:
             Defaults to 1 (all).
         seed: int, sampling only. Defaults to None: a seed from Python's `random`
             (so `keras.utils.set_random_seed` fixes it); `translator.seed` holds it.
+        ensemble_checkpoints: optional int >= 1, with a model directory: decode with an
+            ensemble of its run's last `ensemble_checkpoints` checkpoints
+            (`load_checkpoint_ensemble`) instead of its `model.keras`. K times the
+            decoding cost of one model.
 
     Raises:
         ValueError: the tokenizer's vocabulary size differs from the model's, an
@@ -148,6 +157,7 @@ class Translator:
         top_k=None,
         top_p=None,
         seed=None,
+        ensemble_checkpoints=None,
     ):
         beam_size, length_penalty = resolve_search(model_dir_or_model, beam_size, length_penalty)
         checks.check_positive_int("beam_size", beam_size)
@@ -159,7 +169,7 @@ class Translator:
         checks.check_positive_int("batch_size", batch_size)
         checks.check_bool("jit_compile", jit_compile)
         sampling_settings = _sampling_settings(decoding, temperature, top_k, top_p, seed)
-        model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
+        model, tokenizer = _load_model(model_dir_or_model, tokenizer, ensemble_checkpoints)
         self.model = model
         self.tokenizer = tokenizer
         self.decoding = decoding
@@ -428,6 +438,30 @@ def pad_prefixes(prefix_ids, rows, max_length):
     for row, ids in enumerate(prefix_ids):
         padded[row, : len(ids)] = ids
     return padded
+
+
+def _load_model(source, tokenizer, ensemble_checkpoints):
+    """`(model, tokenizer)`: one model, or an `Ensemble` of a list, of checkpoints, or given."""
+    if ensemble_checkpoints is not None:
+        if not isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                "`ensemble_checkpoints` takes the checkpoints of one model directory: "
+                f"`model_dir_or_model` must be a directory. Received: {type(source).__name__}"
+            )
+        return ensemble.load_checkpoint_ensemble(source, ensemble_checkpoints, tokenizer)
+    if isinstance(source, (list, tuple)):
+        return ensemble.load_ensemble(source, tokenizer)
+    if isinstance(source, ensemble.Ensemble):
+        if tokenizer is None:
+            raise ValueError(
+                "An Ensemble needs its tokenizer: pass `tokenizer=` (a SubwordTokenizer or "
+                "the path of its tokenizer.model), or give the list of model directories."
+            )
+        # Each member as load_model_and_tokenizer checks one model and its tokenizer.
+        for member in source.models:
+            _, tokenizer = load_model_and_tokenizer(member, tokenizer)
+        return source, tokenizer
+    return load_model_and_tokenizer(source, tokenizer)
 
 
 def _sampling_settings(decoding, temperature, top_k, top_p, seed):

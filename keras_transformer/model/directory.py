@@ -124,9 +124,15 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
                 "or the path of its tokenizer.model)."
             )
     else:
+        hint = ""
+        if type(model_dir_or_model).__name__ == "Ensemble":
+            hint = (
+                ": an Ensemble decodes with a Translator; to export or serve one model, "
+                "average the checkpoints (kt-average-checkpoints)"
+            )
         raise TypeError(
             "`model_dir_or_model` must be a model directory (str or path) or a "
-            f"keras_transformer.Transformer. Received: {type(model_dir_or_model).__name__}"
+            f"keras_transformer.Transformer. Received: {type(model_dir_or_model).__name__}{hint}"
         )
     if not isinstance(model, Transformer):
         raise TypeError(
@@ -404,7 +410,7 @@ def resolve_search(model_dir_or_model, beam_size=None, length_penalty=None):
     """`(beam_size, length_penalty)`: those given, a None one from the model directory.
 
     A None is the directory's (`read_search_settings`) when `model_dir_or_model` is a
-    directory that saved one, else the paper's (beam 4, alpha 0.6, section 6.1). What a
+    directory that saved one (for a list, an ensemble's members, its first), else the paper's (beam 4, alpha 0.6, section 6.1). What a
     `Translator`, `export_saved_model` and the `kt-*` commands decode with by default.
 
     Example:
@@ -413,6 +419,8 @@ def resolve_search(model_dir_or_model, beam_size=None, length_penalty=None):
     """
     from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY  # Keras ops: lazily
 
+    if isinstance(model_dir_or_model, (list, tuple)) and model_dir_or_model:
+        model_dir_or_model = model_dir_or_model[0]  # an ensemble: its first member's
     if beam_size is None or length_penalty is None:
         saved = {}
         if isinstance(model_dir_or_model, (str, os.PathLike)):
