@@ -55,7 +55,7 @@ class CompiledDecoder:
     are inputs of the program, so new values reuse it.
 
     Args:
-        model: a `keras_transformer.Transformer`.
+        model: a `keras_transformer.Transformer`, or an `inference.ensemble.Ensemble`.
         method: "beam" (default), "greedy", "greedy_uncached" or "sample".
         jit_compile: bool. On TensorFlow, compile with XLA (default True); False runs a
             plain `tf.function` graph. Ignored on the other backends.

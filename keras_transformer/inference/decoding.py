@@ -9,7 +9,8 @@ Two layers of API:
 - `greedy_decode` / `beam_decode` run a `Transformer` through them: the encoder once,
   then the decoder one token at a time through its key/value cache (`model.encode`,
   `model.initial_cache`, `model.decode_step`: the layer objects that training built).
-  `token_search_decode` does the same for `token_search`.
+  `token_search_decode` does the same for `token_search`. An `inference.ensemble.Ensemble`
+  offers the same methods, so every `*_decode` runs several models as one.
 - Every search and decode takes optional `prefix_ids [B, P]`: forced first output
   tokens, from which the search continues (`inference.prefixes`).
 
