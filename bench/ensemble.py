@@ -24,7 +24,10 @@ Usage:
         --model-dir saved_models/multi30k_en_de --direction en-de
 
 Adds an entry per model directory to `bench/results/ensemble.json`, draws
-`bench/results/ensemble.png`, and prints a markdown table.
+`bench/results/ensemble.png`, and prints a markdown table. The seconds of a scoring run
+are recorded with it, but decoding speed is measured apart, on an idle machine:
+`--timing N` decodes the first N val sentences with each setting (best of 2 interleaved
+rounds after a compiling call) and records `timing_idle` in the same entry.
 """
 
 import argparse
@@ -93,8 +96,24 @@ def main(argv=None):
     parser.add_argument("--alpha", type=float, help="default: the directory's saved search")
     parser.add_argument("--only", nargs="*", help="score only these settings (names as in the table)")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--timing",
+        type=int,
+        metavar="N",
+        help="instead of scoring: time each setting on the first N val sentences (after a compiling "
+        "call, best of 2 rounds, interleaved) on an idle machine, and record it as timing_idle",
+    )
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "ensemble.json"))
+    parser.add_argument(
+        "--markdown", action="store_true", help="print MODEL_DIR's table from --results, redraw the chart, and exit"
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        results_path = pathlib.Path(args.results)
+        payload = json.loads(results_path.read_text())
+        draw(payload, results_path.with_suffix(".png"))
+        print(table(payload["runs"][os.path.normpath(args.model_dir)]))
+        return
 
     from keras_transformer.model.directory import resolve_search
 
@@ -102,6 +121,8 @@ def main(argv=None):
     source_lang, target_lang = args.direction.split("-")
     beam_size, alpha = resolve_search(args.model_dir, args.beam_size, args.alpha)
     splits = {name: read_split(data_dir, split, source_lang, target_lang) for name, split in SPLITS.items()}
+    if args.timing:
+        return time_settings(args, beam_size, alpha, splits["val"][0][: args.timing])
     rows = {}
     for name, load in settings(args.model_dir, args.last, args.runs).items():
         if args.only and name not in args.only:
@@ -124,22 +145,56 @@ def main(argv=None):
     print(table(entry))
 
 
+def time_settings(args, beam_size, alpha, sources):
+    """Seconds to decode `sources` with each setting: best of 2 rounds, interleaved."""
+    from keras_transformer.inference.translator import Translator
+
+    translators = {}
+    for name, load in settings(args.model_dir, args.last, args.runs).items():
+        if args.only and name not in args.only:
+            continue
+        model, tokenizer = load()
+        translators[name] = Translator(model, tokenizer, beam_size=beam_size, length_penalty=alpha, batch_size=args.batch_size)
+        translators[name].translate(sources)  # compiles every shape these sentences reach
+    seconds = {name: [] for name in translators}
+    for _ in range(2):
+        for name, translator in translators.items():
+            started = time.monotonic()
+            translator.translate(sources)
+            seconds[name].append(time.monotonic() - started)
+    timing = {
+        "sentences": len(sources),
+        "seconds": {name: round(min(values), 2) for name, values in seconds.items()},
+        "machine": machine.machine_info(),
+    }
+    results_path = pathlib.Path(args.results)
+    payload = json.loads(results_path.read_text())
+    payload["runs"][os.path.normpath(args.model_dir)]["timing_idle"] = timing
+    machine.write_json(results_path, payload)
+    base = timing["seconds"].get("last")
+    for name, value in timing["seconds"].items():
+        ratio = f" ({value / base:.2f}x last)" if base else ""
+        print(f"{name}: {value:.2f} s for {len(sources)} sentences{ratio}")
+
+
 def table(entry):
-    """The markdown table of one model directory's entry."""
+    """The markdown table of one model directory's entry (decode times from `--timing`)."""
+    timing = entry.get("timing_idle", {})
+    seconds = timing.get("seconds", {})
     lines = [
-        "| decoded with | val BLEU | test2016 BLEU / lc / chrF | seconds (val + test2016) |",
+        f"| decoded with | val BLEU | test2016 BLEU / lc / chrF | seconds for {timing.get('sentences', 'N')} val sentences |",
         "|---|---|---|---|",
     ]
-    base = entry["settings"].get("last")
     for name, row in entry["settings"].items():
-        seconds = row["val"]["seconds"] + row["test2016"]["seconds"]
-        ratio = ""
-        if base is not None and name != "last":
-            ratio = f" ({seconds / (base['val']['seconds'] + base['test2016']['seconds']):.1f}x)"
         test = row["test2016"]
+        time_cell = "—"
+        if name in seconds:
+            time_cell = f"{seconds[name]:.1f}"
+            if "last" in seconds and name != "last":
+                time_cell += f" ({seconds[name] / seconds['last']:.1f}x)"
         lines.append(
             f"| {name} | {row['val']['bleu']:.2f} | {test['bleu']:.2f} / {test['bleu_lowercased']:.2f} / "
-            f"{test['chrf']:.2f} | {seconds:.0f}{ratio} |"
+            f"{test['chrf']:.2f} | {time_cell} |"
         )
     return "\n".join(lines)
 
@@ -158,7 +213,7 @@ def draw(payload, path):
     info = entries[-1][1]["machine"]
     machine.grouped_bar_chart(
         path,
-        "Multi30k: one run's last checkpoints, averaged or ensembled (sacreBLEU, cased)",
+        "Multi30k en-de: last checkpoints averaged or ensembled (sacreBLEU)",
         "BLEU",
         groups,
         series,
