@@ -80,14 +80,14 @@ class Ensemble:
     def __init__(self, models, weights=None, combine="probs"):
         from keras_transformer.model.transformer import Transformer
 
-        if isinstance(models, (str, os.PathLike)) or not hasattr(models, "__iter__"):
-            raise TypeError(
-                "`models` must be a list of keras_transformer.Transformer models (load_ensemble "
-                f"loads model directories). Received: {type(models).__name__}"
+        models = tuple(
+            _non_empty_list(
+                "models",
+                models,
+                "a list of keras_transformer.Transformer models (load_ensemble loads model directories)",
+                "at least one Transformer",
             )
-        models = tuple(models)
-        if not models:
-            raise ValueError("`models` must hold at least one Transformer. Received: []")
+        )
         for index, model in enumerate(models):
             if not isinstance(model, Transformer):
                 raise TypeError(
@@ -182,6 +182,16 @@ class Ensemble:
         return total
 
 
+def _non_empty_list(name, value, expected, at_least):
+    """`value` as a list: TypeError for a lone path or a non-iterable, ValueError if empty."""
+    if isinstance(value, (str, os.PathLike)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"`{name}` must be {expected}. Received: {type(value).__name__}")
+    value = list(value)
+    if not value:
+        raise ValueError(f"`{name}` must hold {at_least}. Received: []")
+    return value
+
+
 def _normalised_weights(weights, count):
     """`weights` as a tuple of floats summing to 1 (equal shares when None)."""
     if weights is None:
@@ -231,14 +241,9 @@ def load_ensemble(sources, tokenizer=None, *, weights=None, combine="probs"):
     """
     from keras_transformer.model.directory import load_model_and_tokenizer
 
-    if isinstance(sources, (str, os.PathLike)) or not hasattr(sources, "__iter__"):
-        raise TypeError(
-            "`sources` must be a list of model directories or Transformers. "
-            f"Received: {type(sources).__name__}"
-        )
-    sources = list(sources)
-    if not sources:
-        raise ValueError("`sources` must name at least one model directory or model. Received: []")
+    sources = _non_empty_list(
+        "sources", sources, "a list of model directories or Transformers", "at least one model directory or model"
+    )
     directories = [source for source in sources if isinstance(source, (str, os.PathLike))]
     if tokenizer is None and not directories:
         raise ValueError(
