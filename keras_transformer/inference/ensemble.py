@@ -322,8 +322,9 @@ def load_checkpoint_ensemble(model_dir, last, tokenizer=None, *, combine="probs"
             f"{os.path.join(os.fspath(model_dir), CHECKPOINT_DIR)} holds {len(paths)}."
         )
     members = []
-    for path in paths:
-        member = Transformer.from_config(model.get_config())
+    for index, path in enumerate(paths):
+        # The loaded model holds the newest checkpoint; the others are built from its config.
+        member = model if index == len(paths) - 1 else Transformer.from_config(model.get_config())
         try:
             member.load_weights(path)
         except ValueError as error:
