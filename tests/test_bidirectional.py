@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import once_on
 
 from keras_transformer.data.bidirectional import bidirectional_pairs, bidirectional_then_forward
 from keras_transformer.data.pipeline import make_dataset
@@ -171,6 +172,8 @@ def test_run_config_refuses_negative_bidirectional_steps():
     assert run_config().with_overrides(["bidirectional_steps=7"]).bidirectional_steps == 7
 
 
+@once_on("torch", "the run's bidirectional reading is tf.data and Python, the same on every backend "
+         "(a run's compiled training is test_training.py's, on every backend)")
 def test_a_bidirectional_run_trains_and_counts_its_epochs_in_source_target_passes(tmp_path, capsys):
     from keras_transformer.train.run import run_training
 

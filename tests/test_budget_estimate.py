@@ -31,7 +31,7 @@ from keras_transformer.train.budget_estimate import (
 from keras_transformer.train.budget_schedule import PROVISIONAL_TOTAL_STEPS, BudgetSchedule
 from keras_transformer.train.callbacks import current_learning_rate
 from keras_transformer.train.compile import compile_transformer, make_optimizer, make_schedule
-from conftest import tiny_config
+from conftest import once_on, tiny_config
 
 
 class FakeClock:
@@ -315,6 +315,8 @@ SOURCE = "red blue green black white small big old".split()
 TARGET = "rot blau gruen schwarz weiss klein gross alt".split()
 
 
+@once_on("torch", "a run's wiring of the estimator is Python, the same on every backend (the compiled "
+         "steps following a new total are this file's fake-clock tests, on every backend)")
 def test_a_run_with_only_a_time_budget_estimates_its_steps(tmp_path, capsys):
     from keras_transformer.model.directory import CHECKPOINT_DIR, CSV_LOG_FILE, MODEL_FILE
     from keras_transformer.train.run import run_training

@@ -303,7 +303,9 @@ def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
 @pytest.mark.slow  # ~45 s of CPU in the child (three XLA compilations), more under load
 @pytest.mark.skipif(BACKEND != "jax", reason="runs in the jax session")
 def test_jax_data_and_model_parallel_over_two_host_devices_match_one_device():
-    env = child_env("jax", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    # Two host devices, beside the session's own flags (conftest.py: cheaper compiling).
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+    env = child_env("jax", XLA_FLAGS=flags)
     child = subprocess.Popen(
         [sys.executable, str(CHILD), "jax"],
         env=env,

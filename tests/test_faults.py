@@ -22,7 +22,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy, tree_digest
+from conftest import once_on, tiny_config, to_numpy, tree_digest
 from tiny_reliability import greedy_export, tiny_dir  # noqa: F401  (session fixtures)
 
 import keras_transformer as kt
@@ -30,9 +30,6 @@ from keras_transformer import atomic
 from keras_transformer.model import directory as model_directory
 from keras_transformer.train.callbacks import KeepLastCheckpoints, default_callbacks
 from keras_transformer.train.checkpoints import latest_checkpoints, save_final_model
-
-ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
-ONCE_ON_TENSORFLOW = pytest.mark.skipif(not ON_TENSORFLOW, reason="runs once, in the tensorflow session")
 
 
 class SimulatedCrash(OSError):
@@ -311,12 +308,15 @@ TRAIN_SCRIPT = textwrap.dedent(
 )
 
 
-@ONCE_ON_TENSORFLOW
+@once_on("torch", "the backup and resume are files and callbacks, the same on every backend; the "
+                  "killed child and the run beside it train eagerly there, with no step to trace")
 def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp_path):
     script = tmp_path / "train_child.py"
     script.write_text(TRAIN_SCRIPT)
     model_dir, marker = tmp_path / "run", tmp_path / "paused"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": "tensorflow"}
+    # One thread, as this session's PyTorch (conftest.py): the same sums in the same order.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": keras.backend.backend(),
+           "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(script), str(model_dir)]
     child = subprocess.Popen(command + [str(marker)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

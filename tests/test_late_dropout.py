@@ -9,19 +9,24 @@ the steps run compiled (TensorFlow graphs, `jax.jit`), which keep the rate they 
 traced with unless the step is rebuilt. Each Dropout layer draws from its own seed
 generator, and a layer at rate 0 draws nothing, so the copies see the same random
 masks. The other tests read the rate each batch runs with (`Rates`), which costs one
-model instead of two.
+model instead of two; what they check (when the switch comes, which kinds it moves, the
+estimated total it follows, the rates after an error) is the callback's own Python,
+so they run once, in the PyTorch session, where fit compiles nothing.
 """
 
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy
+from conftest import once_on, tiny_config, to_numpy
 
 import keras_transformer as kt
 from keras_transformer.special_tokens import BOS_ID
 from keras_transformer.train.budget_estimate import StepBudgetEstimator
 from keras_transformer.train.late_dropout import LateDropout, dropout_layers
 from keras_transformer.train.run_config import RunConfig
+
+# The switch's effect on compiled steps is the weight tests' (every backend); these read rates.
+CALLBACK_ARITHMETIC = once_on("torch", "the callback's arithmetic is plain Python, the same on every backend")
 
 ROWS, LENGTH, BATCH = 12, 6, 2  # 6 batches of 2 sentences an epoch
 EPOCHS, TOTAL = 2, 12  # every fit runs 12 updates; the cosine decay ends at the last
@@ -120,6 +125,7 @@ class Rates(keras.callbacks.Callback):
         self.seen.append(dropout_layers(self.model)[self.kind][0].rate)
 
 
+@CALLBACK_ARITHMETIC
 def test_a_start_fraction_is_a_share_of_the_budget_schedules_total():
     printed = []
     model = model_with_dropouts()
@@ -147,6 +153,7 @@ def test_a_start_after_the_run_trains_as_if_the_rates_were_zero_and_restores_the
     assert {layer.rate for layer in delayed(loaded)} == {0.1}
 
 
+@CALLBACK_ARITHMETIC
 def test_a_fit_stopped_by_an_error_does_not_lose_the_rates():
     class Fail(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -164,6 +171,7 @@ def test_a_fit_stopped_by_an_error_does_not_lose_the_rates():
     assert {layer.rate for layer in delayed(model)} == {0.1}
 
 
+@CALLBACK_ARITHMETIC
 def test_the_residual_kind_delays_the_papers_dropout_too():
     # The switch itself (rates, rebuilt step) is the one the weight tests check; here,
     # that the paper's residual dropouts follow it and the other kinds do not.
@@ -174,6 +182,7 @@ def test_the_residual_kind_delays_the_papers_dropout_too():
     assert {layer.rate for layer in dropout_layers(model)["residual"]} == {0.1}
 
 
+@CALLBACK_ARITHMETIC
 def test_a_start_fraction_follows_the_estimated_total():
     class Clock:
         now = 0.0
@@ -199,6 +208,7 @@ def test_a_start_fraction_follows_the_estimated_total():
     assert printed == ["late dropout: attention and activation dropout on from step 4 of 20"]
 
 
+@CALLBACK_ARITHMETIC
 def test_an_epoch_rebuilt_by_another_callback_is_not_timed_by_the_estimator():
     # 5 epochs of 6 batches, 1 s a batch. The dropouts come on before step 13, the first
     # batch of epoch 3, which traces again (10 s more here): the estimator times epochs 2

@@ -1,10 +1,10 @@
 """Subword regularization: sampled segmentations (BPE-dropout) in the tokenizer, the pipeline and a run."""
 
 import collections
-import os
 
 import pytest
 import tensorflow as tf
+from conftest import once_on
 
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.tokenizer import train_tokenizer
@@ -88,11 +88,7 @@ def test_a_float_samples_both_sides(tokenizer):
     assert len({row[0] for row in rows}) > 1 and len({row[2] for row in rows}) > 1
 
 
-@pytest.mark.skipif(
-    os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-    reason="tf.data and sentencepiece only, the same under every backend: runs in the tensorflow session "
-    "(30 passes of sampling, ~20 s)",
-)
+@once_on("torch", "tf.data and sentencepiece only, the same under every backend (30 passes of sampling, ~20 s)")
 def test_sampled_pairs_over_max_length_are_dropped_and_the_stream_goes_on(tokenizer):
     # Each word one piece: PAIR's 6 + EOS = 7 tokens fit max_length 7 unsampled, and a draw
     # that skips any of its words' ~40 merges does not (at alpha 0.05, about 4 draws in 5).
