@@ -15,7 +15,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy
+from conftest import once_on, tiny_config, to_numpy
 from tiny_reliability import greedy_export, greedy_translator, tiny_dir  # noqa: F401  (session fixtures)
 from tiny_translation import tiny_sentences
 
@@ -586,6 +586,11 @@ def test_saved_model_signature_refuses_another_dtype(greedy_export):
 
 
 # ---------------------------------------------------------------- kt-translate
+# What the command reads and writes is Python, the same on every backend; the translations
+# it prints are the greedy translator's, which is tested on every backend.
+TRANSLATE_COMMAND_IO = once_on("torch", "kt-translate's reading and writing is Python, the same on every backend")
+
+
 def _translate_command(tiny_dir, data, capsys, monkeypatch, *options):
     """Runs `kt-translate --greedy` on `data` (bytes) given on standard input.
 
@@ -604,6 +609,7 @@ def _translate_command(tiny_dir, data, capsys, monkeypatch, *options):
     return status, out.split("\n")[:-1], captured.err
 
 
+@TRANSLATE_COMMAND_IO
 def test_translate_command_keeps_one_output_line_per_input_line(tiny_dir, greedy_translator, capsys, monkeypatch):
     """Lines end at "\\n" only (one "\\r" before it dropped): the separators that
     `str.splitlines` also breaks at stay inside their line."""
@@ -625,6 +631,7 @@ def test_translate_command_keeps_one_output_line_per_input_line(tiny_dir, greedy
     assert printed[4] == ""
 
 
+@TRANSLATE_COMMAND_IO
 def test_translate_command_reads_invalid_utf8_as_replacement_with_a_warning(tiny_dir, greedy_translator, capsys, monkeypatch):
     data = b"cats see cars\nbirds \xff\xfe find bread\n\xed\xa0\x80\ndogs like trees\n"
     status, printed, err = _translate_command(tiny_dir, data, capsys, monkeypatch)
@@ -634,6 +641,7 @@ def test_translate_command_reads_invalid_utf8_as_replacement_with_a_warning(tiny
     assert printed == greedy_translator.translate(expected)
 
 
+@TRANSLATE_COMMAND_IO
 def test_translate_command_exits_non_zero_when_it_cannot_write(tiny_dir, capsys, monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as stop:  # one line on stderr, exit status 2, like every kt-* error
         _translate_command(tiny_dir, b"cats see cars\n", capsys, monkeypatch, "--output", str(tmp_path))

@@ -64,7 +64,7 @@ NUM_TRAIN_PAIRS = 1000  # enough text for the examples' 400-piece tokenizers
 # backend, and eager PyTorch traces nothing, where TensorFlow traces the train step of
 # every model the page builds (docs/training.md's took 160 s of the TensorFlow session)
 # and compiles a search for every translator and command (docs/translating.md's: 53 s).
-TORCH_PAGES = {os.path.join("docs", "training.md"), os.path.join("docs", "translating.md")}
+TORCH_PAGES = {os.path.join("docs", page) for page in ("training.md", "translating.md", "model.md", "presets.md")}
 in_tensorflow_session = pytest.mark.skipif(
     BACKEND != "tensorflow", reason="checks the pages' text: runs once, in the tensorflow session"
 )

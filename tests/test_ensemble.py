@@ -15,7 +15,7 @@ import re
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy
+from conftest import once_on, tiny_config, to_numpy
 from tiny_translation import BATCH_SIZE, MAX_EXTRA, make_tiny_model_dir, pick_sentences
 
 import keras_transformer as kt
@@ -284,6 +284,8 @@ def test_directories_are_refused_when_they_cannot_be_ensembled(runs, tmp_path):
         load_model_and_tokenizer(kt.Ensemble([first]), tokenizer)
 
 
+@once_on("torch", "the commands' arguments and loading are Python, the same on every backend (the ensemble "
+         "decodes on every backend above)")
 def test_the_commands_take_several_model_directories_and_checkpoints(runs, tmp_path, capsys):
     from keras_transformer.cli import evaluate, translate
 

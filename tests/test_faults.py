@@ -314,7 +314,7 @@ def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp
     script = tmp_path / "train_child.py"
     script.write_text(TRAIN_SCRIPT)
     model_dir, marker = tmp_path / "run", tmp_path / "paused"
-    # One thread, as this session's PyTorch (conftest.py): the same sums in the same order.
+    # One thread, as this session's PyTorch (conftest.py), and no oversubscribed cores.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": keras.backend.backend(),
            "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(script), str(model_dir)]
@@ -349,9 +349,11 @@ def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp
     model = keras.saving.load_model(str(model_dir / "model.keras"), safe_mode=True)
     total_steps = int(to_numpy(model.optimizer.iterations))
     assert total_steps == int(to_numpy(uninterrupted.optimizer.iterations)) == 12
-    # Nothing was lost or done twice: the resumed weights are the uninterrupted run's.
+    # Nothing was lost or done twice: the resumed weights are the uninterrupted run's, to
+    # float32 rounding (two processes may sum in another order: 1.6e-6 seen under PyTorch);
+    # one update more moves some weight by ~6e-2 at this learning rate.
     for resumed_weight, weight in zip(model.weights, uninterrupted.weights):
-        np.testing.assert_allclose(to_numpy(resumed_weight), to_numpy(weight), atol=1e-6)
+        np.testing.assert_allclose(to_numpy(resumed_weight), to_numpy(weight), atol=1e-5)
     assert not os.path.exists(model_dir / model_directory.BACKUP_DIR)  # a finished run clears it
 
 

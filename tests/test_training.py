@@ -7,7 +7,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import once_on, tiny_config
 
 import keras_transformer as kt
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
@@ -352,6 +352,7 @@ def test_a_token_budget_below_the_largest_bucket_is_refused_with_the_config():
     assert RunConfig(model={"max_length": 64}, tokens_per_batch=64, bucket_width=24).bucket_boundaries() == [24, 48, 64]
 
 
+@once_on("torch", "the warning is Keras' epoch iterator's and fit's arguments ours, the same on every backend")
 def test_fit_on_a_dataset_does_not_warn_about_shuffle():
     import warnings
 
