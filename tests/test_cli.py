@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import once_on
 from tiny_reliability import greedy_translator, tiny_dir  # noqa: F401  (session fixtures)
 from tiny_translation import pick_sentences
 
@@ -212,6 +213,11 @@ def test_metrics_are_written_as_sorted_json(tmp_path):
 
 
 # ------------------------------------------------------------------ real runs
+# What kt-translate prints is Python; the translations are the translator's, tested on every backend.
+PRINTING = once_on("torch", "kt-translate's lines are formatted in Python, the same on every backend")
+
+
+@PRINTING
 def test_translate_prints_one_line_per_input_line(tiny_dir, greedy_translator, tmp_path, capsys):
     from keras_transformer.cli.translate import main
 
@@ -225,6 +231,7 @@ def test_translate_prints_one_line_per_input_line(tiny_dir, greedy_translator, t
     assert len(printed) == len(lines) and printed[2] == ""
 
 
+@PRINTING
 def test_translate_prints_n_best_lists_in_moses_format_from_prefixes(tiny_dir, greedy_translator, tmp_path, capsys):
     from keras_transformer.cli.translate import main
 
