@@ -314,26 +314,30 @@ def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp
     script = tmp_path / "train_child.py"
     script.write_text(TRAIN_SCRIPT)
     model_dir, marker = tmp_path / "run", tmp_path / "paused"
-    # One thread, as this session's PyTorch (conftest.py), and no oversubscribed cores.
+    # One thread each: the killed run and the reference train at once, on two cores.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": keras.backend.backend(),
            "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(script), str(model_dir)]
     child = subprocess.Popen(command + [str(marker)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Meanwhile, the run that is never killed, in a fresh process too: this session's
+    # earlier tests leave state (seed generators, policies) that a rerun would not have.
+    reference_dir = tmp_path / "uninterrupted"
+    reference = subprocess.Popen([sys.executable, str(script), str(reference_dir)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        # Meanwhile, the run that is never killed, in this process.
-        namespace = {"__name__": "train_child"}
-        exec(compile(TRAIN_SCRIPT, str(script), "exec"), namespace)
-        uninterrupted, record = namespace["fit"](str(tmp_path / "uninterrupted"))
         deadline = time.monotonic() + 300
         while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert marker.exists(), child.communicate()[0].decode()[-3000:]
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=60)
+        reference_output = reference.communicate(timeout=300)[0].decode()
+        assert reference.returncode == 0, reference_output[-3000:]
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        for process in (child, reference):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert child.returncode == -signal.SIGKILL
     # Killed mid-epoch 2: the backup holds epoch 1, the one finished epoch.
     with open(model_dir / model_directory.BACKUP_DIR / "training_metadata.json") as file:
@@ -343,10 +347,11 @@ def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with open(model_dir / "child.json") as file:
-        child_record = json.load(file)
-    assert child_record == {"epochs": [1, 2], "steps": 8}  # epochs 2 and 3 again, from their start
-    assert record.epochs == [0, 1, 2] and record.steps == 12
+        assert json.load(file) == {"epochs": [1, 2], "steps": 8}  # epochs 2 and 3 again, from their start
+    with open(reference_dir / "child.json") as file:
+        assert json.load(file) == {"epochs": [0, 1, 2], "steps": 12}
     model = keras.saving.load_model(str(model_dir / "model.keras"), safe_mode=True)
+    uninterrupted = keras.saving.load_model(str(reference_dir / "model.keras"), safe_mode=True)
     total_steps = int(to_numpy(model.optimizer.iterations))
     assert total_steps == int(to_numpy(uninterrupted.optimizer.iterations)) == 12
     # Nothing was lost or done twice: the resumed weights are the uninterrupted run's, to

@@ -142,11 +142,15 @@ def corpus_dir(tmp_path_factory):
     return directory
 
 
-def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
+def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys, monkeypatch):
     from keras_transformer.model.directory import (
         CHECKPOINT_DIR, CONFIG_FILE, CSV_LOG_FILE, CURVES_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE,
     )
+    from keras_transformer.train import run
     from keras_transformer.train.run import run_training
+
+    # The summary prints the run's jit_compile note (its text: test_jit_compile_false_on_jax_is_noted).
+    monkeypatch.setattr(run, "jit_compile_note", lambda jit_compile: f"note for jit_compile={jit_compile}")
     from keras_transformer.train.run_config import RunConfig
     from keras_transformer.data.tokenizer import SubwordTokenizer
 
@@ -175,6 +179,7 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys):
     assert model_dir == os.path.join(str(tmp_path), "tiny")
     out = capsys.readouterr().out
     assert "parameters" in out and "steps per epoch" in out and "tokens per batch" in out
+    assert f"note for jit_compile={quick_jit_compile()}" in out
 
     model = keras.saving.load_model(os.path.join(model_dir, MODEL_FILE), safe_mode=True)
     assert isinstance(model, kt.Transformer)
@@ -370,6 +375,18 @@ def test_fit_on_a_dataset_does_not_warn_about_shuffle():
         warnings.simplefilter("always")
         model.fit(dataset, epochs=1, verbose=0, shuffle=True)
     assert [w for w in caught if "shuffle=True" in str(w.message)]
+
+
+def test_jit_compile_false_on_jax_is_noted():
+    from keras_transformer.train.run import jit_compile_note
+
+    # A config's `jit_compile = false` means plain graphs on TensorFlow; JAX has only XLA.
+    note = jit_compile_note(False, backend="jax")
+    assert note.startswith("jit_compile=false: JAX runs every training step eagerly")
+    assert "--set jit_compile=auto" in note
+    for jit_compile, backend in ((False, "tensorflow"), (False, "torch"), ("auto", "jax"), (True, "jax")):
+        assert jit_compile_note(jit_compile, backend=backend) is None
+    assert jit_compile_note(False) == (note if keras.backend.backend() == "jax" else None)  # this session's
 
 
 def test_jit_compile_true_is_refused_on_pytorch_and_accepted_elsewhere():
