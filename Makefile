@@ -26,8 +26,10 @@ $(STAMP): pyproject.toml constraints.txt
 # the suite takes about half the time of one stream. TensorFlow's session is the longest,
 # yet JAX's and PyTorch's together are longer still, so two PyTorch files run after
 # TensorFlow in a session of their own (torch-after): the killed-run chains (~2 minutes)
-# and the docs' examples (~1 minute). On a slow 2-core machine the two streams then took
-# 1,358 s and 1,315 s (TensorFlow, then those two | JAX, then the rest of PyTorch).
+# and the docs' examples (~1 minute). Tests of plain-Python behaviour run in one session
+# only (tests/conftest.py's once_on), and JAX compiles the tiny test models with LLVM's
+# cheapest code generation. On a slow 2-core Intel Xeon the two streams then took 1,084 s
+# and 1,093 s (TensorFlow, then those two | JAX, then the rest of PyTorch).
 # Every line is prefixed with its session; each session's summary is repeated at the end.
 TORCH_AFTER_TENSORFLOW := tests/test_fault_injection.py tests/test_docs.py
 
