@@ -331,7 +331,7 @@ def test_a_run_with_only_a_time_budget_estimates_its_steps(tmp_path, capsys):
         validation_split="", test_split="", vocab_size=48, epochs=2, steps_per_epoch=3,
         max_train_seconds=3600,  # far more than the run takes: the epochs end it
         bleu_every_epochs=0, sample_translations=0, verbose=0,
-        jit_compile="auto" if keras.backend.backend() == "jax" else False,
+        jit_compile=False,
         keep_checkpoints=2, checkpoint_every_steps=2, tokens_per_batch=64,
         model=dict(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                    max_length=8, dropout=0.0),

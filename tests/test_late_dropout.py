@@ -198,8 +198,7 @@ def test_a_start_fraction_follows_the_estimated_total():
     keras.utils.set_random_seed(0)
     model = kt.build_transformer(tiny_config(attention_dropout=0.1, activation_dropout=0.1))
     training = kt.TrainingConfig(warmup_steps=2, decay="cosine")
-    kt.compile_transformer(model, training, estimate_total_steps=True,
-                           jit_compile="auto" if keras.backend.backend() == "jax" else False)
+    kt.compile_transformer(model, training, estimate_total_steps=True, jit_compile=False)
     estimator = StepBudgetEstimator(20, clock=clock, print_fn=lambda line: None)
     callback = LateDropout(start_fraction=0.2, print_fn=printed.append)
     fit(model, *data(), callbacks=[Tick(), estimator, callback])
@@ -230,7 +229,7 @@ def test_an_epoch_rebuilt_by_another_callback_is_not_timed_by_the_estimator():
     keras.utils.set_random_seed(0)
     model = kt.build_transformer(tiny_config(attention_dropout=0.1, activation_dropout=0.1))
     kt.compile_transformer(model, kt.TrainingConfig(warmup_steps=2, decay="cosine"), estimate_total_steps=True,
-                           jit_compile="auto" if keras.backend.backend() == "jax" else False)
+                           jit_compile=False)
     estimator = StepBudgetEstimator(1000, clock=clock, print_fn=printed.append)
     fit(model, *data(), callbacks=[Tick(), estimator, LateDropout(start_step=12)], epochs=5)
     windows = [line.split(" (")[0] for line in printed if " over epoch" in line]
