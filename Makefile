@@ -29,7 +29,8 @@ $(STAMP): pyproject.toml constraints.txt
 # and the docs' examples (~1 minute). Tests of plain-Python behaviour run in one session
 # only (tests/conftest.py's once_on), and JAX compiles the tiny test models with LLVM's
 # cheapest code generation. On a slow 2-core Intel Xeon the two streams then took 1,084 s
-# and 1,093 s (TensorFlow, then those two | JAX, then the rest of PyTorch).
+# and 1,093 s (TensorFlow, then those two | JAX, then the rest of PyTorch); 1,170 s and
+# 1,151 s half an hour later, as that machine slowed.
 # Every line is prefixed with its session; each session's summary is repeated at the end.
 TORCH_AFTER_TENSORFLOW := tests/test_fault_injection.py tests/test_docs.py
 
