@@ -88,7 +88,7 @@ def test_a_float_samples_both_sides(tokenizer):
     assert len({row[0] for row in rows}) > 1 and len({row[2] for row in rows}) > 1
 
 
-@once_on("torch", "tf.data and sentencepiece only, the same under every backend (30 passes of sampling, ~20 s)")
+@once_on("torch", "tf.data and sentencepiece only, the same under every backend (30 passes of sampling, 12-20 s)")
 def test_sampled_pairs_over_max_length_are_dropped_and_the_stream_goes_on(tokenizer):
     # Each word one piece: PAIR's 6 + EOS = 7 tokens fit max_length 7 unsampled, and a draw
     # that skips any of its words' ~40 merges does not (at alpha 0.05, about 4 draws in 5).

@@ -148,11 +148,11 @@ def test_train_writes_every_artifact(corpus_dir, tmp_path, capsys, monkeypatch):
     )
     from keras_transformer.train import run
     from keras_transformer.train.run import run_training
+    from keras_transformer.train.run_config import RunConfig
+    from keras_transformer.data.tokenizer import SubwordTokenizer
 
     # The summary prints the run's jit_compile note (its text: test_jit_compile_false_on_jax_is_noted).
     monkeypatch.setattr(run, "jit_compile_note", lambda jit_compile: f"note for jit_compile={jit_compile}")
-    from keras_transformer.train.run_config import RunConfig
-    from keras_transformer.data.tokenizer import SubwordTokenizer
 
     run_config = RunConfig(
         name="tiny",
@@ -357,7 +357,7 @@ def test_a_token_budget_below_the_largest_bucket_is_refused_with_the_config():
     assert RunConfig(model={"max_length": 64}, tokens_per_batch=64, bucket_width=24).bucket_boundaries() == [24, 48, 64]
 
 
-@once_on("torch", "the warning is Keras' epoch iterator's and fit's arguments ours, the same on every backend")
+@once_on("torch", "Keras' epoch iterator warns, from the arguments our fit passes: the same on every backend")
 def test_fit_on_a_dataset_does_not_warn_about_shuffle():
     import warnings
 
