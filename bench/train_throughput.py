@@ -75,7 +75,7 @@ def training_flops(config, batch, source_length, target_length):
     multiply-adds (MACs) of the forward pass are, per layer:
 
         encoder, per source token:  4 d^2        Q, K, V, output projections
-                                  + 2 d f        the two FFN matrices
+                                  + 2 d f        the two FFN matrices (3 d f gated)
                                   + 2 S d        Q K^T and P V over S keys
         decoder, per target token:  4 d^2 + 2 T d      self-attention (the full T x T
                                                         product; no model here skips
@@ -93,9 +93,10 @@ def training_flops(config, batch, source_length, target_length):
     """
     d, f, vocab = config.d_model, config.d_ff, config.vocab_size
     s, t = source_length, target_length
-    encoder = config.num_encoder_layers * s * (4 * d * d + 2 * d * f + 2 * s * d)
+    ffn = (3 if getattr(config, "gated_ffn", False) else 2) * d * f  # a gated FFN has a third matrix
+    encoder = config.num_encoder_layers * s * (4 * d * d + ffn + 2 * s * d)
     decoder = config.num_decoder_layers * (
-        t * (4 * d * d + 2 * t * d + 2 * d * d + 2 * s * d + 2 * d * f) + s * 2 * d * d
+        t * (4 * d * d + 2 * t * d + 2 * d * d + 2 * s * d + ffn) + s * 2 * d * d
     )
     output = t * d * vocab
     forward_macs = batch * (encoder + decoder + output)

@@ -346,8 +346,9 @@ def transformer_layout_map(config, device_mesh, model_axis=_MODEL_AXIS):
     layout_map[r".*_attention/(query|key|value)/kernel"] = columns
     layout_map[r".*_attention/(query|key|value)/bias"] = (model_axis,)
     layout_map[r".*_attention/attention_output/kernel"] = rows
-    layout_map[r".*feed_forward/intermediate_dense/kernel"] = columns
-    layout_map[r".*feed_forward/intermediate_dense/bias"] = (model_axis,)
+    # A gated FFN's gate is split like the projection it multiplies, unit for unit.
+    layout_map[r".*feed_forward/(intermediate|gate)_dense/kernel"] = columns
+    layout_map[r".*feed_forward/(intermediate|gate)_dense/bias"] = (model_axis,)
     layout_map[r".*feed_forward/output_dense/kernel"] = rows
     return layout_map
 

@@ -180,8 +180,9 @@ def _assert_ctranslate2_log_probs_equal(reference, path, tokenizer):
     [
         {},
         {"norm_first": True, "share_embeddings": False, "position_encoding": "learned"},
+        {"gated_ffn": True, "activation": "swish"},
     ],
-    ids=["post-norm tied sinusoidal", "pre-norm untied learned"],
+    ids=["post-norm tied sinusoidal", "pre-norm untied learned", "gated swish FFN"],
 )
 def test_ctranslate2_log_probabilities_equal_the_model_teacher_forced(overrides, tmp_path):
     """Every architecture option reaches CTranslate2 exactly: per-token log-probs agree."""

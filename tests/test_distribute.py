@@ -183,7 +183,7 @@ def test_pad_batches_for_replicas_adds_padding_rows_only():
 
 
 def test_layout_map_shards_the_big_matrices_of_the_real_model():
-    config = tiny_config(num_heads=2, share_embeddings=False)
+    config = tiny_config(num_heads=2, share_embeddings=False, gated_ffn=True)
     model = build_transformer(config)
     mesh = keras.distribution.DeviceMesh(
         shape=(1, 2), axis_names=("batch", "model"), devices=["cpu:0", "cpu:1"]
@@ -201,11 +201,14 @@ def test_layout_map_shards_the_big_matrices_of_the_real_model():
             assert axes[f"{side}_layer_0/{attention}/attention_output/kernel"] == rows
             assert axes[f"{side}_layer_0/{attention}/attention_output/bias"] is None
         assert axes[f"{side}_layer_0/feed_forward/intermediate_dense/kernel"] == columns
+        # The gate is split like the projection it multiplies, unit for unit.
+        assert axes[f"{side}_layer_0/feed_forward/gate_dense/kernel"] == columns
+        assert axes[f"{side}_layer_0/feed_forward/gate_dense/bias"] == ("model",)
         assert axes[f"{side}_layer_0/feed_forward/output_dense/kernel"] == rows
         assert axes[f"{side}_layer_0/feed_forward_norm/gamma"] is None
     assert axes["output_projection/kernel"] == rows
     sharded = sum(value is not None for value in axes.values())
-    assert sharded == 2 + 1 + 3 * (6 + 1) + 2 * 3  # embeddings, output, attention, FFN
+    assert sharded == 2 + 1 + 3 * (6 + 1) + 2 * 5  # embeddings, output, attention, FFN (gate included)
 
     with pytest.raises(ValueError, match=r"`d_ff` must be divisible by the model-parallel size 2"):
         distribute.transformer_layout_map(tiny_config(d_ff=33), mesh)

@@ -21,6 +21,10 @@ LAYERS = [
     ),
     (layers.DecoderBlock, dict(num_heads=2, intermediate_dim=16, activation_dropout=0.1, activation="gelu")),
     pytest.param(layers.EncoderBlock, dict(num_heads=2, intermediate_dim=16, activation="silu"), id="EncoderBlock_silu"),
+    pytest.param(
+        layers.PositionwiseFeedForward, dict(hidden_dim=8, intermediate_dim=16, activation="silu", gated=True), id="FFN_gated"
+    ),
+    pytest.param(layers.DecoderBlock, dict(num_heads=2, intermediate_dim=16, gated_ffn=True), id="DecoderBlock_gated"),
 ]
 
 
@@ -77,11 +81,43 @@ def test_feed_forward_is_relu_two_layer_network():
     np.testing.assert_allclose(out, np.maximum(0, x @ w1 + b1) @ w2 + b2, atol=1e-5)
 
 
+@pytest.mark.parametrize("activation", ["relu", "swish"])
+def test_gated_feed_forward_multiplies_the_activation_by_a_linear_gate(activation):
+    """ReGLU / SwiGLU (Shazeer, 2020): (act(x W1 + b1) * (x V + c)) W2 + b2."""
+    ffn = layers.PositionwiseFeedForward(hidden_dim=8, intermediate_dim=16, activation=activation, gated=True)
+    x = np.random.default_rng(2).normal(size=(2, 3, 8)).astype("float32")
+    ffn.build(x.shape)
+    # Nonzero biases, so a gate applied before its bias (or to the wrong projection) shows.
+    for dense in (ffn.intermediate_dense, ffn.gate_dense, ffn.output_dense):
+        dense.bias.assign(np.random.default_rng(3).normal(size=dense.bias.shape).astype("float32"))
+    out = to_numpy(ffn(x))
+    w1, b1 = to_numpy(ffn.intermediate_dense.kernel), to_numpy(ffn.intermediate_dense.bias)
+    v, c = to_numpy(ffn.gate_dense.kernel), to_numpy(ffn.gate_dense.bias)
+    w2, b2 = to_numpy(ffn.output_dense.kernel), to_numpy(ffn.output_dense.bias)
+    hidden = x @ w1 + b1
+    hidden = np.maximum(0, hidden) if activation == "relu" else hidden / (1.0 + np.exp(-hidden))
+    np.testing.assert_allclose(out, (hidden * (x @ v + c)) @ w2 + b2, atol=1e-5)
+    # Three matrices of 8 x 16: the paper's two plus the gate's.
+    assert sorted(w.path.split("/")[-2] for w in ffn.weights if w.path.endswith("kernel")) == [
+        "gate_dense",
+        "intermediate_dense",
+        "output_dense",
+    ]
+
+
+def test_an_ungated_feed_forward_has_the_papers_two_matrices_only():
+    ffn = layers.PositionwiseFeedForward(hidden_dim=8, intermediate_dim=16)
+    ffn.build((1, 8))
+    assert ffn.gate_dense is None and len(ffn.weights) == 4
+
+
 @pytest.mark.parametrize(
     "build, message",
     [
         (lambda: layers.PositionwiseFeedForward(0, 16), "`hidden_dim` must be a positive integer. Received: hidden_dim=0"),
         (lambda: layers.PositionwiseFeedForward(8, 16, dropout=-0.1), r"`dropout` must be a number in \[0, 1\). Received: dropout=-0.1"),
+        (lambda: layers.PositionwiseFeedForward(8, 16, gated="yes"), "`gated` must be True or False. Received: gated='yes'"),
+        (lambda: layers.EncoderBlock(num_heads=2, intermediate_dim=16, gated_ffn=1), "`gated_ffn` must be True or False. Received: gated_ffn=1"),
         (lambda: layers.TokenEmbedding(0, 8), "`vocab_size` must be a positive integer. Received: vocab_size=0"),
         (lambda: layers.TokenEmbedding(32, 8.0), "`d_model` must be a positive integer. Received: d_model=8.0"),
         (lambda: layers.SinusoidalPositionEncoding(-3), "`max_length` must be a positive integer. Received: max_length=-3"),

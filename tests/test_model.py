@@ -244,6 +244,7 @@ def test_mixed_float16_forward_and_fit_step_are_finite():
         (dict(d_modle=512), r"Unknown TransformerConfig field\(s\): \['d_modle'\]"),
         (dict(activation="tanh"), r"`activation` must be one of \('relu', 'gelu', 'swish'\). Received: activation='tanh'"),
         (dict(scale_embeddings="yes"), "`scale_embeddings` must be of type bool"),
+        (dict(gated_ffn="yes"), "`gated_ffn` must be of type bool. Received: gated_ffn='yes'"),
         (dict(output_bias=True, share_embeddings=False), "untied `output_projection` has its own bias"),
     ],
 )
@@ -288,6 +289,16 @@ def test_activation_option_reaches_every_feed_forward(activation):
         hidden = hidden * 0.5 * (1.0 + np.vectorize(erf)(hidden / np.sqrt(2.0)))
     expected = hidden @ to_numpy(ffn.output_dense.kernel) + to_numpy(ffn.output_dense.bias)
     np.testing.assert_allclose(to_numpy(ffn(x)), expected, atol=1e-5)
+
+
+def test_gated_ffn_option_gates_every_feed_forward_and_only_when_asked():
+    plain = kt.build_transformer(tiny_config())
+    gated = kt.build_transformer(tiny_config(gated_ffn=True, activation="swish"))
+    assert not [w.path for w in plain.weights if "gate_dense" in w.path]
+    gate_paths = sorted(w.path for w in gated.weights if "gate_dense/kernel" in w.path)
+    assert gate_paths == [f"{side}_layer_0/feed_forward/gate_dense/kernel" for side in ("decoder", "encoder")]
+    # d_model x d_ff more weights and d_ff more biases per block.
+    assert gated.count_params() - plain.count_params() == 2 * (16 * 32 + 32)
 
 
 def test_output_bias_is_added_to_the_tied_logits():

@@ -72,8 +72,8 @@ def test_package_model_directory_loads_in_safe_mode(tiny_dir):
 
 
 def test_compiled_model_with_every_option_round_trips_in_safe_mode(tmp_path):
-    """Untied embeddings, learned positions, pre-norm, and the compiled optimizer, loss, metrics."""
-    config = tiny_config(share_embeddings=False, position_encoding="learned", norm_first=True)
+    """Untied embeddings, learned positions, pre-norm, a gated FFN, and the compiled optimizer, loss, metrics."""
+    config = tiny_config(share_embeddings=False, position_encoding="learned", norm_first=True, gated_ffn=True)
     model = kt.build_transformer(config)
     kt.compile_transformer(model, kt.TrainingConfig(warmup_steps=4), jit_compile=False)
     model.optimizer.build(model.trainable_variables)  # as after training: Adam's moments exist

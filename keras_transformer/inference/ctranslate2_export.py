@@ -6,7 +6,8 @@ model's weights and hands it to CTranslate2's own `Converter`, which validates i
 quantizes it and writes the model directory CTranslate2 loads:
 
 - the architecture: post-norm (the paper) or pre-norm with the final LayerNorms
-  (`norm_first`), the FFN activation (ReLU, GELU or swish), the layer-norm epsilon;
+  (`norm_first`), the FFN activation (ReLU, GELU or swish) and its gate (`gated_ffn`),
+  the layer-norm epsilon;
 - the weights: CTranslate2 keeps PyTorch's `[out, in]` layout, so every Keras kernel
   `[in, out]` is transposed; self-attention's Q, K and V are fused into one matrix and
   cross-attention's K and V into another, CTranslate2's layout;
@@ -77,6 +78,7 @@ _MAPPED_FIELDS = frozenset(
         "position_encoding",
         "layer_norm_epsilon",
         "activation",
+        "gated_ffn",
         "scale_embeddings",
         "output_bias",
         "dtype_policy",  # weights are exported as float32, then quantized by `quantization`
@@ -210,6 +212,7 @@ def transformer_spec(model, tokenizer):
         config.num_heads,
         pre_norm=config.norm_first,  # pre-norm adds the stacks' final LayerNorms
         activation=activation,
+        ffn_glu=bool(getattr(config, "gated_ffn", False)),
     )
     spec.config.layer_norm_epsilon = float(config.layer_norm_epsilon)
     spec.config.add_source_eos = True  # the model was trained on sources ending with EOS
@@ -316,8 +319,11 @@ def _set_attention(spec, attention, norm, fused):
 
 
 def _set_feed_forward(spec, block):
-    _set_linear(spec.linear_0, block.feed_forward.intermediate_dense)
-    _set_linear(spec.linear_1, block.feed_forward.output_dense)
+    feed_forward = block.feed_forward
+    _set_linear(spec.linear_0, feed_forward.intermediate_dense)  # activated
+    if feed_forward.gate_dense is not None:  # CTranslate2 multiplies act(linear_0) by linear_0_noact
+        _set_linear(spec.linear_0_noact, feed_forward.gate_dense)
+    _set_linear(spec.linear_1, feed_forward.output_dense)
     _set_layer_norm(spec.layer_norm, block.feed_forward_norm)
 
 

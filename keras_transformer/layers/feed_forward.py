@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.checks import check_positive_int, check_rate
+from keras_transformer.checks import check_bool, check_positive_int, check_rate
 from keras_transformer.layers.initializers import clone_initializer
 
 
@@ -11,15 +11,22 @@ class PositionwiseFeedForward(keras.layers.Layer):
     """`FFN(x) = max(0, x W1 + b1) W2 + b2` (Vaswani et al., 2017, 3.3).
 
     `activation` replaces the paper's `max(0, .)` for models trained with another
-    (GELU; swish, `x * sigmoid(x)`, in Marian / OPUS-MT). Applied to every position separately and identically. `dropout` acts on the inner
-    activations (tensor2tensor's "relu dropout"); the paper's residual dropout on the
-    output is applied by the block that owns the residual connection, not here.
+    (GELU; swish, `x * sigmoid(x)`, in Marian / OPUS-MT). With `gated=True` the inner
+    activations are gated by a second, linear projection of the input, Shazeer's (2020)
+    GLU variants: `FFN(x) = (act(x W1 + b1) * (x V + c)) W2 + b2` (ReGLU, GEGLU or
+    SwiGLU by `activation`); a third matrix, so `intermediate_dim` of 2/3 the ungated
+    width keeps the parameters and FLOPs. Applied to every position separately and
+    identically. `dropout` acts on the inner activations (tensor2tensor's "relu
+    dropout"); the paper's residual dropout on the output is applied by the block that
+    owns the residual connection, not here.
 
     Args:
         hidden_dim: int. Width of input and output (d_model, 512 in the paper).
         intermediate_dim: int. Inner width (d_ff, 2048 in the paper).
         dropout: float. Dropout on the inner activations. Defaults to 0.0 (the paper has none).
         activation: activation of the inner layer. Defaults to "relu" (the paper).
+        gated: bool. Gate the inner activations by a linear projection (`gate_dense`).
+            Defaults to False (the paper).
         kernel_initializer, bias_initializer: initializers of both projections.
 
     Example:
@@ -34,6 +41,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         intermediate_dim,
         dropout=0.0,
         activation="relu",
+        gated=False,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -42,10 +50,12 @@ class PositionwiseFeedForward(keras.layers.Layer):
         check_positive_int("hidden_dim", hidden_dim)
         check_positive_int("intermediate_dim", intermediate_dim)
         check_rate("dropout", dropout)
+        check_bool("gated", gated)
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
         self.dropout = dropout
         self.activation = keras.activations.get(activation)
+        self.gated = gated
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
@@ -64,6 +74,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
             name="intermediate_dense",
         )
         self.intermediate_dense.build(inputs_shape)
+        # Built after the other projections, so an ungated layer draws the same initial
+        # weights as before the option existed.
+        self.gate_dense = None
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.output_dense = keras.layers.Dense(
             self.hidden_dim,
@@ -73,10 +86,21 @@ class PositionwiseFeedForward(keras.layers.Layer):
             name="output_dense",
         )
         self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
+        if self.gated:
+            self.gate_dense = keras.layers.Dense(
+                self.intermediate_dim,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
+                dtype=self.dtype_policy,
+                name="gate_dense",
+            )
+            self.gate_dense.build(inputs_shape)
         self.built = True
 
     def call(self, inputs, training=None):
         x = self.intermediate_dense(inputs)
+        if self.gate_dense is not None:
+            x = x * self.gate_dense(inputs)
         x = self.dropout_layer(x, training=training)
         return self.output_dense(x)
 
@@ -91,6 +115,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
                 "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout,
                 "activation": keras.activations.serialize(self.activation),
+                "gated": self.gated,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }

@@ -33,6 +33,8 @@ class ResidualBlock(keras.layers.Layer):
         activation_dropout: float. Dropout inside the FFN. Defaults to 0.0.
         activation: FFN activation. Defaults to "relu" (the paper); "gelu" and
             "swish" serve pretrained models (see `PositionwiseFeedForward`).
+        gated_ffn: bool. A gated FFN (GLU variants, see `PositionwiseFeedForward`).
+            Defaults to False (the paper).
         norm_first: bool. Pre-norm instead of the paper's post-norm. Defaults to False.
         layer_norm_epsilon: float. Defaults to 1e-6 (tensor2tensor's value; the paper
             does not give one).
@@ -47,6 +49,7 @@ class ResidualBlock(keras.layers.Layer):
         attention_dropout=0.0,
         activation_dropout=0.0,
         activation="relu",
+        gated_ffn=False,
         norm_first=False,
         layer_norm_epsilon=1e-6,
         kernel_initializer="glorot_uniform",
@@ -60,6 +63,7 @@ class ResidualBlock(keras.layers.Layer):
         check_rate("attention_dropout", attention_dropout)
         check_rate("activation_dropout", activation_dropout)
         check_bool("norm_first", norm_first)
+        check_bool("gated_ffn", gated_ffn)
         # A NaN or infinite epsilon would make every normalized output NaN or zero.
         check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
         self.num_heads = num_heads
@@ -68,6 +72,7 @@ class ResidualBlock(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.activation_dropout = activation_dropout
         self.activation = keras.activations.get(activation)
+        self.gated_ffn = gated_ffn
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -97,6 +102,7 @@ class ResidualBlock(keras.layers.Layer):
             intermediate_dim=self.intermediate_dim,
             dropout=self.activation_dropout,
             activation=self.activation,
+            gated=self.gated_ffn,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -182,6 +188,7 @@ class ResidualBlock(keras.layers.Layer):
                 "attention_dropout": self.attention_dropout,
                 "activation_dropout": self.activation_dropout,
                 "activation": keras.activations.serialize(self.activation),
+                "gated_ffn": self.gated_ffn,
                 "norm_first": self.norm_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

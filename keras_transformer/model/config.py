@@ -69,6 +69,7 @@ class TransformerConfig:
     position_encoding: str = "sinusoidal"  # "sinusoidal" (3.5) or "learned" (Table 3 E)
     layer_norm_epsilon: float = 1e-6  # not given in the paper; tensor2tensor's value
     activation: str = "relu"  # the FFN's max(0, .) (3.3); "gelu" or "swish" for other models
+    gated_ffn: bool = False  # not in the paper: the FFN's activations gated (GLU variants, Shazeer 2020)
     scale_embeddings: bool = True  # embeddings times sqrt(d_model) (3.4); some checkpoints don't
     output_bias: bool = False  # a bias on the tied pre-softmax projection: not in the paper
     dtype_policy: typing.Optional[str] = None  # None: Keras' global policy

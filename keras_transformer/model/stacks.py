@@ -238,6 +238,7 @@ def _stack_layers(config, dtype, side, block_class, count):
             attention_dropout=config.attention_dropout,
             activation_dropout=config.activation_dropout,
             activation=config.activation,
+            gated_ffn=config.gated_ffn,
             norm_first=config.norm_first,
             layer_norm_epsilon=config.layer_norm_epsilon,
             dtype=dtype,
