@@ -27,7 +27,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         activation: activation of the inner layer. Defaults to "relu" (the paper).
         gated: bool. Gate the inner activations by a linear projection (`gate_dense`).
             Defaults to False (the paper).
-        kernel_initializer, bias_initializer: initializers of both projections.
+        kernel_initializer, bias_initializer: initializers of every projection.
 
     Example:
     >>> ffn = PositionwiseFeedForward(hidden_dim=8, intermediate_dim=32)
@@ -74,8 +74,6 @@ class PositionwiseFeedForward(keras.layers.Layer):
             name="intermediate_dense",
         )
         self.intermediate_dense.build(inputs_shape)
-        # Built after the other projections, so an ungated layer draws the same initial
-        # weights as before the option existed.
         self.gate_dense = None
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.output_dense = keras.layers.Dense(
@@ -86,7 +84,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             name="output_dense",
         )
         self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
-        if self.gated:
+        if self.gated:  # built last: the other projections draw the weights an ungated layer does
             self.gate_dense = keras.layers.Dense(
                 self.intermediate_dim,
                 kernel_initializer=clone_initializer(self.kernel_initializer),
