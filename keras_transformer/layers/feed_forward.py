@@ -65,35 +65,29 @@ class PositionwiseFeedForward(keras.layers.Layer):
                 f"PositionwiseFeedForward expects inputs of width hidden_dim={self.hidden_dim}. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
-        self.intermediate_dense = keras.layers.Dense(
-            self.intermediate_dim,
-            activation=self.activation,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
-            dtype=self.dtype_policy,
-            name="intermediate_dense",
+        inner_shape = tuple(inputs_shape[:-1]) + (self.intermediate_dim,)
+        self.intermediate_dense = self._projection(
+            "intermediate_dense", self.intermediate_dim, inputs_shape, activation=self.activation
         )
-        self.intermediate_dense.build(inputs_shape)
         self.gate_dense = None
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
-        self.output_dense = keras.layers.Dense(
-            self.hidden_dim,
+        self.output_dense = self._projection("output_dense", self.hidden_dim, inner_shape)
+        if self.gated:  # built last: the other projections draw the weights an ungated layer does
+            self.gate_dense = self._projection("gate_dense", self.intermediate_dim, inputs_shape)
+        self.built = True
+
+    def _projection(self, name, units, inputs_shape, activation=None):
+        """A built `Dense` of `units` with fresh copies of the layer's initializers."""
+        dense = keras.layers.Dense(
+            units,
+            activation=activation,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
-            name="output_dense",
+            name=name,
         )
-        self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
-        if self.gated:  # built last: the other projections draw the weights an ungated layer does
-            self.gate_dense = keras.layers.Dense(
-                self.intermediate_dim,
-                kernel_initializer=clone_initializer(self.kernel_initializer),
-                bias_initializer=clone_initializer(self.bias_initializer),
-                dtype=self.dtype_policy,
-                name="gate_dense",
-            )
-            self.gate_dense.build(inputs_shape)
-        self.built = True
+        dense.build(inputs_shape)
+        return dense
 
     def call(self, inputs, training=None):
         x = self.intermediate_dense(inputs)
