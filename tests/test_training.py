@@ -57,6 +57,33 @@ def test_make_optimizer_defaults_are_the_papers():
     optimizer = make_optimizer(512)
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     assert optimizer.clipnorm is None
+    assert optimizer.weight_decay is None
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.25])
+def test_weight_decay_shrinks_each_weight_by_learning_rate_times_decay(weight_decay):
+    # A zero gradient makes Adam's own step zero (m = v = 0), so what moves the weight is
+    # the decoupled decay alone: w * (1 - lr * weight_decay), lr the schedule's first value.
+    optimizer = make_optimizer(16, kt.TrainingConfig(warmup_steps=4, weight_decay=weight_decay))
+    weight = keras.Variable(np.array([2.0, -4.0], "float32"))
+    optimizer.apply_gradients([(keras.ops.zeros((2,)), weight)])
+    learning_rate = 16**-0.5 * 4**-1.5  # eq. 3 at step 1: 0.03125
+    expected = np.array([2.0, -4.0]) * (1 - learning_rate * weight_decay)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weight), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "weight_decay, message",
+    [
+        (-0.1, r"must be a number in \[0, 1\)\. Received: weight_decay=-0.1"),
+        (1.0, r"must be a number in \[0, 1\)\. Received: weight_decay=1.0"),
+        ("0.1", r"must be of type finite float\. Received: weight_decay='0.1' \(type str\)"),
+        (None, r"must be of type finite float\. Received: weight_decay=None"),
+    ],
+)
+def test_weight_decay_outside_zero_to_one_is_refused(weight_decay, message):
+    with pytest.raises(ValueError, match="`weight_decay` " + message):
+        kt.TrainingConfig(weight_decay=weight_decay)
 
 
 def test_compile_transformer_sets_loss_metrics_and_optimizer():

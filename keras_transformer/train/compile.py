@@ -99,7 +99,9 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
     `beta_1`, `beta_2` and `epsilon` are the training config's `adam_beta_1`,
     `adam_beta_2` and `adam_epsilon` (0.9, 0.98, 1e-9 by default, as in the paper); the
     learning rate is `make_schedule(d_model, training_config)`. `clipnorm`, when set,
-    clips each gradient's norm (a departure from the paper, off by default).
+    clips each gradient's norm, and `weight_decay` > 0 makes it AdamW (decoupled weight
+    decay on every weight: `w -= learning_rate * weight_decay * w` before each update);
+    both are departures from the paper, off by default.
     `gradient_accumulation_steps` N > 1 makes Keras' optimizer apply the mean gradient
     of N batches as one update, and the schedule is wrapped in a `PerUpdateSchedule` so
     that it advances per update, not per batch (`keras_transformer.train.accumulation`).
@@ -130,6 +132,8 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
         beta_2=training_config.adam_beta_2,
         epsilon=training_config.adam_epsilon,
         clipnorm=training_config.clipnorm,
+        # None, not 0.0: an optimizer without decay has the config it always had.
+        weight_decay=training_config.weight_decay or None,
         gradient_accumulation_steps=accumulation,
     )
 

@@ -46,6 +46,10 @@ class TrainingConfig:
     adam_beta_2: float = 0.98  # (5.3)
     adam_epsilon: float = 1e-9  # (5.3)
     clipnorm: typing.Optional[float] = None  # not in the paper; None disables clipping
+    # Decoupled weight decay (AdamW, Loshchilov & Hutter, 2019; not in the paper): each
+    # update first shrinks every weight by learning_rate * weight_decay, as fairseq's
+    # --weight-decay and Keras' AdamW do (all weights, biases and norms included). 0 is off.
+    weight_decay: float = 0.0
     # Batches whose mean gradient makes one update: 1 is the paper (one batch of ~25k
     # tokens a side per update, on 8 GPUs); N > 1 reaches that batch on one small device
     # (see keras_transformer.train.accumulation).
@@ -71,6 +75,7 @@ class TrainingConfig:
             checks.check_positive_number(name, getattr(self, name))
         if self.clipnorm is not None:
             checks.check_positive_number("clipnorm", self.clipnorm)
+        checks.check_rate("weight_decay", self.weight_decay)
 
     def replace(self, **changes):
         """A copy with `changes` applied and validated; unknown names raise `ValueError`."""
