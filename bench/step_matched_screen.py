@@ -37,6 +37,15 @@ Usage:
         --model-dir saved_models/multi30k_en_de --steps 3981 --bpe-dropout 0.1 --output screen/bpe01.npz
     KERAS_BACKEND=jax python bench/step_matched_screen.py train screen/base.npz \
         --set dropout=0.2 --seed 1 --results screen/results.jsonl
+    # a wider model at its own (smaller) step count, from the same archive:
+    KERAS_BACKEND=jax python bench/step_matched_screen.py train screen/base.npz --steps 2640 \
+        --set d_model=320 --set d_ff=1280 --decode beam --results screen/results.jsonl
+
+Run screens one after another, not side by side: five started at once on one H200 (a
+16-core host, jax 0.11) spent their first 8 minutes in XLA's GEMM autotuning and
+compilation (load average 62; single compilations of 2-3 minutes) and none finished an
+epoch in a 10-minute call, where screens run one at a time on an H100 trained 3,981
+steps in 321-351 s, compilation included (bench/results/step_matched_screen.json).
 """
 
 import argparse
