@@ -360,7 +360,7 @@ def _plot_minutes(payload, path, others=3):
         axes.set_xlabel("minutes of model.fit")
         axes.grid(alpha=0.3)
         # Below the axes, so that no label squeezes or covers the curves.
-        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
+        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), frameon=False)
     all_axes[0][0].set_ylabel("test2016 sacreBLEU, greedy")
     shown_runs = [run for _, _, shown in panels for run in shown]
     # The runs may come from more than one machine: name each CPU once.

@@ -7,20 +7,23 @@ screen's fixed shapes changes neither the loss nor the update.
 """
 
 import collections
+import json
 import pathlib
 import sys
 
 import keras
 import numpy as np
+import pytest
 
 import keras_transformer as kt
 from conftest import tiny_config, to_numpy
 from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
 from test_packing import pairs, sgd_step, tokenizer  # noqa: F401 (pairs, tokenizer: fixtures)
+from tiny_translation import tiny_sentences
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from bench.step_matched_screen import epoch_batches, fitting, padded_batches, pair_length  # noqa: E402
+from bench.step_matched_screen import epoch_batches, fitting, main, padded_batches, pair_length  # noqa: E402
 
 MAX_LENGTH = 12  # some toy pairs are longer: the drop is exercised
 TOKENS_PER_BATCH = 48
@@ -108,3 +111,58 @@ def test_padding_to_the_screen_shapes_changes_neither_loss_nor_update(pairs, tok
     for start, alone, together in zip(before, after_exact, after_padded):
         np.testing.assert_allclose(together - start, alone - start, atol=2e-5)
     assert sum(int(np.abs(a - s).max() > 1e-4) for s, a in zip(before, after_exact)) > len(before) // 2
+
+
+def _screen_run(tmp_path):
+    """A run directory (config.toml, tokenizer.model) and a data directory for `prepare`."""
+    sentences = tiny_sentences()
+    data, run = tmp_path / "data", tmp_path / "run"
+    data.mkdir()
+    run.mkdir()
+    for split, rows in (("train", sentences), ("val", sentences[:10])):
+        (data / f"{split}.en").write_text("\n".join(rows) + "\n")
+        (data / f"{split}.de").write_text("\n".join(" ".join(row.split()[::-1]) for row in rows) + "\n")
+    kt.train_tokenizer(sentences, vocab_size=48, model_type="bpe").save(str(run))
+    (run / "config.toml").write_text(
+        f'name = "screen"\npreset = "tiny"\ncorpus = "files"\ndata_dir = "{data}"\n'
+        'source_lang = "en"\ntarget_lang = "de"\ntrain_split = "train"\nvalidation_split = "val"\n'
+        "vocab_size = 48\nbucket_width = 4\ntokens_per_batch = 64\n\n[model]\nmax_length = 16\n"
+    )
+    return data, run
+
+
+def test_a_shorter_prepare_writes_the_first_updates_of_a_longer_one(tmp_path):
+    # `train --steps N` replays the first N updates of a longer archive as if `prepare`
+    # had been run with --steps N: the same seed must draw the same epochs in order.
+    data, run = _screen_run(tmp_path)
+    archives = {}
+    for steps in (7, 60):  # 60 updates read several epochs of the 100 pairs
+        output = tmp_path / f"screen{steps}.npz"
+        main(["prepare", str(data), "--model-dir", str(run), "--steps", str(steps), "--output", str(output)])
+        archives[steps] = np.load(output)
+    short, long = archives[7], archives[60]
+    short_meta, long_meta = (json.loads(str(a["meta"])) for a in (short, long))
+    assert long_meta["epochs_read"] >= 2 and short_meta["epochs_read"] == 1
+    assert (short_meta["training"]["total_steps"], long_meta["training"]["total_steps"]) == (7, 60)
+    assert len(long["batch_rows"]) == 60
+    np.testing.assert_array_equal(long["batch_rows"][:7], short["batch_rows"])
+    np.testing.assert_array_equal(long["batch_boundaries"][:7], short["batch_boundaries"])
+    np.testing.assert_array_equal(long["lengths"][:len(short["lengths"])], short["lengths"])
+    np.testing.assert_array_equal(long["tokens"][:len(short["tokens"])], short["tokens"])
+    first = padded_batches(short, short_meta)
+    for (inputs, labels), (long_inputs, long_labels) in zip(first, padded_batches(long, long_meta)[:7]):
+        np.testing.assert_array_equal(labels, long_labels)
+        for key in inputs:
+            np.testing.assert_array_equal(inputs[key], long_inputs[key])
+    # Another seed draws other batches: the equality above is not one of empty archives.
+    main(["prepare", str(data), "--model-dir", str(run), "--steps", "7", "--seed", "1",
+          "--output", str(tmp_path / "other.npz")])
+    other = np.load(tmp_path / "other.npz")
+    assert not np.array_equal(other["tokens"], short["tokens"])
+
+
+def test_train_refuses_more_steps_than_the_archive_holds(tmp_path):
+    data, run = _screen_run(tmp_path)
+    main(["prepare", str(data), "--model-dir", str(run), "--steps", "5", "--output", str(tmp_path / "a.npz")])
+    with pytest.raises(SystemExit, match="--steps 6: the archive holds 5 updates"):
+        main(["train", str(tmp_path / "a.npz"), "--steps", "6"])
