@@ -169,7 +169,7 @@ def test_shipped_configs_parse(name):
         assert (model.attention_dropout, model.activation_dropout) == (0.0, 0.0)
         # AdamW: +0.77 val on a slower machine; en->de inherits it (the config's comment)
         assert config.training_config().weight_decay == 0.1
-    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search, batch, dropouts, decay
+    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search, batch, warmup, dropouts
         recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
