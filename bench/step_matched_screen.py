@@ -234,6 +234,11 @@ def _device_name(backend):
 
 
 def train(args):
+    archive = np.load(args.archive)
+    meta = json.loads(str(archive["meta"]))
+    # Refused before the backend is chosen and configured: nothing is imported or set for a bad call.
+    if args.steps and args.steps > meta["steps"]:
+        raise SystemExit(f"--steps {args.steps}: the archive holds {meta['steps']} updates")
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import keras
 
@@ -247,8 +252,6 @@ def train(args):
     from keras_transformer.train.compile import compile_transformer
     from keras_transformer.train.config import TrainingConfig
 
-    archive = np.load(args.archive)
-    meta = json.loads(str(archive["meta"]))
     model_values = dict(meta["model"], vocab_size=meta["vocab_size"])
     training_values = dict(meta["training"])
     for change in args.set or []:
@@ -261,8 +264,6 @@ def train(args):
         # The first N prepared batches are what `prepare --steps N` writes (the same seed
         # draws the same epochs in order), so one archive serves models of several step
         # times; the schedule ends at N.
-        if args.steps > meta["steps"]:
-            raise SystemExit(f"--steps {args.steps}: the archive holds {meta['steps']} updates")
         training_values["total_steps"] = args.steps
     keras.utils.set_random_seed(args.seed)
     config = TransformerConfig.from_dict(model_values)

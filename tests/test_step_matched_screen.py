@@ -8,6 +8,7 @@ screen's fixed shapes changes neither the loss nor the update.
 
 import collections
 import json
+import os
 import pathlib
 import sys
 
@@ -20,7 +21,7 @@ from conftest import tiny_config, to_numpy
 from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
 from test_packing import pairs, sgd_step, tokenizer  # noqa: F401 (pairs, tokenizer: fixtures)
-from tiny_translation import tiny_sentences
+from tiny_translation import VOCAB_SIZE, tiny_sentences
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bench.step_matched_screen import epoch_batches, fitting, main, padded_batches, pair_length  # noqa: E402
@@ -122,11 +123,11 @@ def _screen_run(tmp_path):
     for split, rows in (("train", sentences), ("val", sentences[:10])):
         (data / f"{split}.en").write_text("\n".join(rows) + "\n")
         (data / f"{split}.de").write_text("\n".join(" ".join(row.split()[::-1]) for row in rows) + "\n")
-    kt.train_tokenizer(sentences, vocab_size=48, model_type="bpe").save(str(run))
+    kt.train_tokenizer(sentences, vocab_size=VOCAB_SIZE, model_type="bpe").save(str(run))
     (run / "config.toml").write_text(
         f'name = "screen"\npreset = "tiny"\ncorpus = "files"\ndata_dir = "{data}"\n'
         'source_lang = "en"\ntarget_lang = "de"\ntrain_split = "train"\nvalidation_split = "val"\n'
-        "vocab_size = 48\nbucket_width = 4\ntokens_per_batch = 64\n\n[model]\nmax_length = 16\n"
+        f"vocab_size = {VOCAB_SIZE}\nbucket_width = 4\ntokens_per_batch = 64\n\n[model]\nmax_length = 16\n"
     )
     return data, run
 
@@ -165,8 +166,10 @@ def test_a_shorter_prepare_writes_the_first_updates_of_a_longer_one(tmp_path):
     assert not np.array_equal(other["tokens"], short["tokens"])
 
 
-def test_train_refuses_more_steps_than_the_archive_holds(tmp_path):
+def test_train_refuses_more_steps_than_the_archive_holds(tmp_path, monkeypatch):
     data, run = _screen_run(tmp_path)
     main(["prepare", str(data), "--model-dir", str(run), "--steps", "5", "--output", str(tmp_path / "a.npz")])
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
     with pytest.raises(SystemExit, match="--steps 6: the archive holds 5 updates"):
         main(["train", str(tmp_path / "a.npz"), "--steps", "6"])
+    assert "KERAS_BACKEND" not in os.environ  # refused before it picks a backend for the process
