@@ -147,15 +147,24 @@ def prepare(args):
     }
     out = pathlib.Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    val = read_parallel_files(data / f"{config.validation_split}.{src}", data / f"{config.validation_split}.{tgt}")[0]
+    # The evaluation splits travel with the batches: val (what a screen is read on) and, where
+    # the run has one on disk, its test split (for reports only: recipes are chosen on val).
+    splits = {"val": config.validation_split}
+    if config.test_split and (data / f"{config.test_split}.{src}").exists():
+        splits["test"] = config.test_split
+    evaluation = {}
+    for key, split in splits.items():
+        pairs = read_parallel_files(data / f"{split}.{src}", data / f"{split}.{tgt}")[0]
+        evaluation[f"{key}_source"] = np.array(json.dumps([processor.encode(source) for source, _ in pairs]))
+        evaluation[f"{key}_reference"] = np.array(json.dumps([target for _, target in pairs]))
+    meta["splits"] = splits
     np.savez_compressed(
         out,
         tokens=np.concatenate([np.asarray(ids, id_type) for ids in flat]),
         lengths=np.asarray(lengths, np.int16),
         batch_rows=np.asarray(batch_rows, np.int32),
         batch_boundaries=np.asarray(batch_boundaries, np.int16),
-        val_source=np.array(json.dumps([processor.encode(source) for source, _ in val])),
-        val_reference=np.array(json.dumps([target for _, target in val])),
+        **evaluation,
         tokenizer=np.frombuffer(processor.serialized_model_proto(), np.uint8),
         meta=np.array(json.dumps(meta)),
     )
@@ -196,14 +205,15 @@ def padded_batches(archive, meta):
     return prepared
 
 
-def decode_val(model, archive, meta, method, batch_size=128, limit=None):
-    """Val hypotheses (detokenized) with `method` "beam" (the run's search) or "greedy"."""
+def decode_split(model, archive, meta, split, method, batch_size=128, limit=None):
+    """Hypotheses (detokenized) for `split` ("val" or "test") with `method` "beam" (the run's
+    search) or "greedy"."""
     import sentencepiece
 
     from keras_transformer.inference.decoding import beam_decode, greedy_decode
 
     processor = sentencepiece.SentencePieceProcessor(model_proto=archive["tokenizer"].tobytes())
-    sources = json.loads(str(archive["val_source"]))[:limit]
+    sources = json.loads(str(archive[f"{split}_source"]))[:limit]
     width = meta["model"]["max_length"]
     hypotheses = []
     for start in range(0, len(sources), batch_size):
@@ -239,6 +249,11 @@ def train(args):
     # Refused before the backend is chosen and configured: nothing is imported or set for a bad call.
     if args.steps and args.steps > meta["steps"]:
         raise SystemExit(f"--steps {args.steps}: the archive holds {meta['steps']} updates")
+    missing = [split for split in args.splits if f"{split}_source" not in archive]
+    if missing:
+        held = sorted(key[:-len("_source")] for key in archive.files if key.endswith("_source"))
+        raise SystemExit(f"--splits {' '.join(args.splits)}: the archive holds {', '.join(held)} only "
+                         "(prepare stores the run's test split where its files exist)")
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import keras
 
@@ -279,18 +294,19 @@ def train(args):
         epochs=math.ceil(len(batches) / args.log_every), verbose=2,
     )
     train_seconds = time.perf_counter() - started
-    references = json.loads(str(archive["val_reference"]))[:args.max_val]
     result = {
         "archive": os.path.basename(args.archive), "set": args.set or [], "seed": args.seed,
         "steps": len(batches), "bpe_dropout": meta["bpe_dropout"], "train_seconds": round(train_seconds, 1),
         "last_loss": round(float(model.history.history["loss"][-1]), 4),
         "device": _device_name(keras.backend.backend()), "keras": keras.__version__,
     }
-    for method in args.decode:
-        started = time.perf_counter()
-        hypotheses = decode_val(model, archive, meta, method, limit=args.max_val)
-        result[f"val_{method}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
-        result[f"{method}_seconds"] = round(time.perf_counter() - started, 1)
+    for split in args.splits:
+        references = json.loads(str(archive[f"{split}_reference"]))[:args.max_sentences]
+        for method in args.decode:
+            started = time.perf_counter()
+            hypotheses = decode_split(model, archive, meta, split, method, limit=args.max_sentences)
+            result[f"{split}_{method}"] = round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2)
+            result[f"{split}_{method}_seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))
     if args.results:
         with open(args.results, "a") as f:
@@ -328,7 +344,10 @@ def main(argv=None):
     t.add_argument("--seed", type=int, default=0, help="the weights' and dropout's seed")
     t.add_argument("--steps", type=_positive_int, help="replay the first N prepared updates (default all)")
     t.add_argument("--log-every", type=_positive_int, default=500, help="steps a Keras epoch (one log line)")
-    t.add_argument("--max-val", type=int, help="score only the first N val sentences (a smoke test)")
+    t.add_argument("--max-sentences", "--max-val", dest="max_sentences", type=_positive_int,
+                   help="score only the first N sentences of each split (a smoke test)")
+    t.add_argument("--splits", nargs="+", choices=("val", "test"), default=("val",),
+                   help="the splits to decode (default val; test is for reports, never for choosing)")
     t.add_argument("--decode", nargs="+", choices=("beam", "greedy"), default=("beam", "greedy"),
                    help="the val decodings to score (default both; beam alone saves ~20 s on one H100)")
     t.add_argument("--results", help="a JSON-lines file to append the result to")

@@ -55,6 +55,51 @@ def test_loss_equals_hand_computed_value_on_a_padded_batch(eps, expected_tokens)
     assert float(to_numpy(loss)) == pytest.approx(expected, rel=1e-6)
 
 
+def logits_gradient(loss, labels, logits):
+    """d loss(labels, logits) / d logits, through the backend's own autodiff."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        logits = tf.constant(logits)
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = loss(labels, logits)
+        return tape.gradient(value, logits).numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda x: loss(labels, x))(logits))
+    import torch
+
+    logits = torch.tensor(logits, requires_grad=True)
+    loss(torch.tensor(labels), logits).backward()
+    return logits.grad.numpy()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gradient_is_softmax_minus_the_smoothed_target_over_the_real_tokens(eps):
+    # The loss reads the label differently per backend (a dense target on TensorFlow, a
+    # gather elsewhere); the gradient must be the same closed form on every one.
+    loss = LabelSmoothedCrossEntropy(label_smoothing=eps)
+    gradient = logits_gradient(loss, LABELS, LOGITS)
+    logits = LOGITS.astype("float64")
+    softmax = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    target = (1.0 - eps) * np.eye(4)[LABELS] + eps / 4
+    expected = (softmax - target) / NUM_REAL_TOKENS * (LABELS != 0)[..., None]
+    np.testing.assert_allclose(gradient, expected, atol=1e-6)
+
+
+def test_the_per_token_loss_is_the_same_whether_or_not_it_is_differentiated():
+    # A metric reads it with differentiated=False (a gather on every backend).
+    for eps in (0.0, 0.1):
+        loss = token_cross_entropy(LABELS, LOGITS, eps)
+        forward = token_cross_entropy(LABELS, LOGITS, eps, differentiated=False)
+        np.testing.assert_allclose(to_numpy(loss), to_numpy(forward), rtol=1e-6)
+        np.testing.assert_allclose(to_numpy(loss), hand_token_losses(LOGITS, LABELS, eps) * (LABELS != 0),
+                                   rtol=1e-6)
+
+
 def test_call_returns_per_token_losses_with_zeros_at_padding():
     per_token = to_numpy(LabelSmoothedCrossEntropy().call(LABELS, LOGITS))
     expected = np.where(LABELS != 0, hand_token_losses(LOGITS, LABELS, 0.1), 0.0)

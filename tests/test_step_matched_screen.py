@@ -173,3 +173,40 @@ def test_train_refuses_more_steps_than_the_archive_holds(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--steps 6: the archive holds 5 updates"):
         main(["train", str(tmp_path / "a.npz"), "--steps", "6"])
     assert "KERAS_BACKEND" not in os.environ  # refused before it picks a backend for the process
+
+
+def test_prepare_stores_the_test_split_beside_val_and_train_scores_the_splits_asked_for(tmp_path):
+    data, run = _screen_run(tmp_path)
+    sentences = tiny_sentences()[10:16]
+    (data / "test.en").write_text("\n".join(sentences) + "\n")
+    (data / "test.de").write_text("\n".join(" ".join(row.split()[::-1]) for row in sentences) + "\n")
+    config = (run / "config.toml").read_text().replace('validation_split = "val"\n',
+                                                       'validation_split = "val"\ntest_split = "test"\n')
+    (run / "config.toml").write_text(config)
+    main(["prepare", str(data), "--model-dir", str(run), "--steps", "4", "--output", str(tmp_path / "t.npz")])
+    archive = np.load(tmp_path / "t.npz")
+    assert json.loads(str(archive["meta"]))["splits"] == {"val": "val", "test": "test"}
+    processor = kt.SubwordTokenizer.load(str(run))
+    assert json.loads(str(archive["test_reference"])) == [" ".join(row.split()[::-1]) for row in sentences]
+    expected = [list(map(int, ids)) for ids in processor.tokenize(sentences).to_list()]
+    assert json.loads(str(archive["test_source"])) == expected
+    assert len(json.loads(str(archive["val_source"]))) == 10
+    if keras.backend.backend() == "torch":
+        pytest.skip("train compiles with jit_compile=True, which compile_transformer refuses on PyTorch")
+    results = tmp_path / "results.jsonl"
+    main(["train", str(tmp_path / "t.npz"), "--splits", "val", "test", "--decode", "greedy",
+          "--max-sentences", "3", "--log-every", "2", "--results", str(results)])
+    result = json.loads(results.read_text())
+    assert result["steps"] == 4
+    assert set(key for key in result if key.endswith("_greedy")) == {"val_greedy", "test_greedy"}
+    assert all(0.0 <= result[key] <= 100.0 for key in ("val_greedy", "test_greedy"))
+
+
+def test_train_refuses_a_split_the_archive_does_not_hold(tmp_path, monkeypatch):
+    data, run = _screen_run(tmp_path)  # no test files: the archive holds val alone
+    main(["prepare", str(data), "--model-dir", str(run), "--steps", "3", "--output", str(tmp_path / "a.npz")])
+    assert "test_source" not in np.load(tmp_path / "a.npz").files
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    with pytest.raises(SystemExit, match="--splits val test: the archive holds val only"):
+        main(["train", str(tmp_path / "a.npz"), "--splits", "val", "test"])
+    assert "KERAS_BACKEND" not in os.environ

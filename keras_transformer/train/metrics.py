@@ -113,7 +113,7 @@ class Perplexity(_TokenMean):
         super().__init__(ignore_id=ignore_id, name=name, dtype=dtype)
 
     def _token_values(self, labels, y_pred):
-        return token_cross_entropy(labels, y_pred, ignore_id=self.ignore_id)
+        return token_cross_entropy(labels, y_pred, ignore_id=self.ignore_id, differentiated=False)
 
     def result(self):
         return ops.exp(self._mean())
