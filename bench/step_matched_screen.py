@@ -41,11 +41,14 @@ Usage:
     KERAS_BACKEND=jax python bench/step_matched_screen.py train screen/base.npz --steps 2640 \
         --set d_model=320 --set d_ff=1280 --decode beam --results screen/results.jsonl
 
-Run screens one after another, not side by side: five started at once on one H200 (a
-16-core host, jax 0.11) spent their first 8 minutes in XLA's GEMM autotuning and
-compilation (load average 62; single compilations of 2-3 minutes) and none finished an
-epoch in a 10-minute call, where screens run one at a time on an H100 trained 3,981
-steps in 321-351 s, compilation included (bench/results/step_matched_screen.json).
+Run screens one after another, not side by side. The step is GPU-bound, not host-bound:
+alone on one H200 it takes 29 ms (the first 500 steps ~100 s, XLA compiling the four
+step shapes), but three started at once (XLA_FLAGS=--xla_gpu_autotune_level=0, jax 0.11)
+took 97 ms a step each with the GPU at 100%, no faster in all than one after another,
+and the longest of them ran out of its 10-minute call; five at once with GEMM autotuning
+spent their first 8 minutes compiling (bench/results/step_matched_screen.json).
+`--splits val test` also scores the run's test split (stored by `prepare` where its files
+exist), for reports: recipes are chosen on val.
 """
 
 import argparse

@@ -8,7 +8,7 @@ import pytest
 from keras import ops
 
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
-from keras_transformer.train.losses import token_cross_entropy
+from keras_transformer.train.losses import smoothed_label_loss, token_cross_entropy
 from keras_transformer.train.schedules import TransformerSchedule
 
 # B=2, T=3, V=4. Label 0 is padding: the second sentence has one real token.
@@ -88,6 +88,21 @@ def test_gradient_is_softmax_minus_the_smoothed_target_over_the_real_tokens(eps)
     target = (1.0 - eps) * np.eye(4)[LABELS] + eps / 4
     expected = (softmax - target) / NUM_REAL_TOKENS * (LABELS != 0)[..., None]
     np.testing.assert_allclose(gradient, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_both_label_readings_give_the_hand_values_and_the_same_gradient(eps):
+    # The dense target and the gather, each on every backend (the loss picks one per backend).
+    labels = np.where(LABELS == 0, 1, LABELS)  # valid labels everywhere: no padding here
+
+    def reading(dense):
+        return lambda y, logits: ops.sum(smoothed_label_loss(ops.log_softmax(logits, axis=-1), y, eps, dense=dense))
+
+    for dense in (False, True):
+        values = smoothed_label_loss(ops.log_softmax(LOGITS, axis=-1), labels, eps, dense=dense)
+        np.testing.assert_allclose(to_numpy(values), hand_token_losses(LOGITS, labels, eps), rtol=1e-6)
+    np.testing.assert_allclose(logits_gradient(reading(True), labels, LOGITS),
+                               logits_gradient(reading(False), labels, LOGITS), atol=1e-6)
 
 
 def test_the_per_token_loss_is_the_same_whether_or_not_it_is_differentiated():

@@ -149,23 +149,40 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID, *
     # at all: gather class 0 at both, and put NaN at the bad labels below.
     invalid = out_of_range_labels(labels, _num_classes(logits), ignore_id)
     safe_labels = ops.where(ops.logical_and(is_real, ops.logical_not(invalid)), labels, 0)
-    if differentiated and keras.backend.backend() == "tensorflow":
-        num_classes = _num_classes(log_probs)
-        targets = ops.one_hot(safe_labels, num_classes, dtype="float32") * (1.0 - label_smoothing)
-        if label_smoothing:
-            targets = targets + label_smoothing / ops.cast(num_classes, "float32")
-        losses = -ops.sum(log_probs * targets, axis=-1)
-    else:
-        label_log_probs = ops.take_along_axis(
-            log_probs, ops.expand_dims(safe_labels, axis=-1), axis=-1
-        )
-        losses = -ops.squeeze(label_log_probs, axis=-1)
-        if label_smoothing:
-            smoothing = -ops.mean(log_probs, axis=-1)
-            losses = (1.0 - label_smoothing) * losses + label_smoothing * smoothing
+    dense = differentiated and keras.backend.backend() == "tensorflow"
+    losses = smoothed_label_loss(log_probs, safe_labels, label_smoothing, dense=dense)
     losses = ops.where(invalid, float("nan"), losses)
     # `where`, not a product, so inf/NaN logits at padding cannot leak into the loss.
     return ops.where(is_real, losses, 0.0)
+
+
+def smoothed_label_loss(log_probs, labels, label_smoothing, dense=False):
+    """`-(1 - eps) * log_p[label] - eps * mean_over_vocab(log_p)` for valid `labels`.
+
+    `dense=False` gathers `log_p[label]` with `take_along_axis`; `dense=True` sums
+    `log_p` times the target distribution `(1 - eps) * onehot(label) + eps / V`, whose
+    gradient is a product rather than a scatter (`token_cross_entropy` says which
+    backend uses which; `bench/loss_speed.py` times both).
+
+    Args:
+        log_probs: float tensor `[B, T, V]`.
+        labels: int tensor `[B, T]`, every value in `[0, V)`.
+        label_smoothing: float in [0, 1).
+        dense: bool. Defaults to False.
+
+    Returns:
+        float tensor `[B, T]`.
+    """
+    if dense:
+        num_classes = _num_classes(log_probs)
+        targets = ops.one_hot(labels, num_classes, dtype=log_probs.dtype) * (1.0 - label_smoothing)
+        if label_smoothing:
+            targets = targets + label_smoothing / ops.cast(num_classes, log_probs.dtype)
+        return -ops.sum(log_probs * targets, axis=-1)
+    losses = -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, axis=-1), axis=-1), axis=-1)
+    if label_smoothing:
+        losses = (1.0 - label_smoothing) * losses - label_smoothing * ops.mean(log_probs, axis=-1)
+    return losses
 
 
 def _num_classes(logits):
