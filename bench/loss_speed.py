@@ -2,9 +2,9 @@
 
 `smoothed_label_loss` reads the label term two ways: gathered with `take_along_axis` (the
 loss on JAX and PyTorch, and every metric) or as the sum of the log-probabilities times
-the dense smoothed target (the loss on TensorFlow). Both are timed here, from the logits
-(a log-softmax first) with their gradient with respect to the logits, on the logits of one Multi30k training
-batch (2,048 target positions of 8,000 classes by default), through the backend's own
+the dense smoothed target (the loss on TensorFlow). Both are timed here with a log-softmax
+before them and their gradient with respect to the logits, on the logits of one Multi30k
+training batch (2,048 target positions of 8,000 classes by default), through the backend's own
 autodiff, compiled where the backend compiles (`tf.function`, `jax.jit`), fastest of
 `--rounds` rounds of `--repeats` calls, the two readings interleaved. Writes JSON with
 the machine.
