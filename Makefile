@@ -21,39 +21,59 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # Runs the suite once per Keras backend; fails if any backend fails (after running all
-# three). Two streams run side by side, TensorFlow | JAX then PyTorch: most tests are
-# small and bound by one core's Python, so two streams keep both of CI's cores busy and
-# the suite takes about half the time of one stream. TensorFlow's session is the longest,
-# yet JAX's and PyTorch's together are longer still, so two PyTorch files run after
-# TensorFlow in a session of their own (torch-after): the killed-run chains (~2 minutes)
-# and the docs' examples (~1 minute). Tests of plain-Python behaviour run in one session
-# only (tests/conftest.py's once_on), and JAX compiles the tiny test models with LLVM's
-# cheapest code generation. On a slow 2-core Intel Xeon the two streams then took 1,084 s
-# and 1,093 s (TensorFlow, then those two | JAX, then the rest of PyTorch); 1,170 s and
-# 1,151 s half an hour later, as that machine slowed.
+# three). Two streams run side by side: most tests are small and bound by one core's
+# Python, so two streams keep both of CI's cores busy and the suite takes about half the
+# time of one stream. One stream runs TensorFlow's session, the other JAX's; PyTorch's
+# tests, the shortest session, are cut into three parts that wait in a queue, and each
+# stream takes the next part when its own session ends (a part is claimed with mkdir,
+# which only one stream can win). Which of TensorFlow and JAX is slower changes with the
+# machine and the hour (on a slow 2-core Intel Xeon: TensorFlow 662 s and JAX 611 s in one
+# hour, 848 s and 955 s in a slower one), so a fixed split left one core idle for minutes;
+# the queue gives the faster stream more of PyTorch's work. Tests of plain-Python
+# behaviour run in one session only (tests/conftest.py's once_on), and JAX compiles the
+# tiny test models with LLVM's cheapest code generation.
 # Every line is prefixed with its session; each session's summary is repeated at the end.
-TORCH_AFTER_TENSORFLOW := tests/test_fault_injection.py tests/test_docs.py
+# PyTorch's parts, about equal in time: the killed-run chains and the docs' examples (~150 s
+# on that Xeon), the heaviest other files (~145 s), and every file not named here (~140 s).
+TORCH_PART_1 := tests/test_fault_injection.py tests/test_docs.py
+TORCH_PART_2 := tests/test_faults.py tests/test_subword_sampling.py tests/test_ensemble.py \
+	tests/test_determinism.py tests/test_cli.py tests/test_model.py tests/test_translator.py
+TORCH_PART_3 := tests $(addprefix --ignore=,$(TORCH_PART_1) $(TORCH_PART_2))
+TORCH_PARTS := torch-1 torch-2 torch-3
 
 test: $(STAMP)
-	@mkdir -p .test-logs; rm -f .test-logs/*.status; \
+	@mkdir -p .test-logs; rm -rf .test-logs/*.status .test-logs/*.claimed; \
 	session() { \
 	  name=$$1; backend=$$2; shift 2; start=$$(date +%s); \
 	  KERAS_BACKEND=$$backend $(PY) -m pytest -q -p no:cacheprovider --durations=15 "$$@" 2>&1 \
 	    | tee .test-logs/$$name.log | sed -u "s/^/[$$name] /"; \
 	  echo "$${PIPESTATUS[0]} $$(( $$(date +%s) - start ))" > .test-logs/$$name.status; \
 	}; \
+	torch_parts() { \
+	  mkdir .test-logs/torch-1.claimed 2>/dev/null && session torch-1 torch $(TORCH_PART_1); \
+	  mkdir .test-logs/torch-2.claimed 2>/dev/null && session torch-2 torch $(TORCH_PART_2); \
+	  mkdir .test-logs/torch-3.claimed 2>/dev/null && session torch-3 torch $(TORCH_PART_3); \
+	  true; \
+	}; \
 	if [ "$(TESTS)" = tests ]; then \
-	  { session tensorflow tensorflow tests; session torch-after torch $(TORCH_AFTER_TENSORFLOW); } & \
-	  { session jax jax tests; session torch torch tests $(addprefix --ignore=,$(TORCH_AFTER_TENSORFLOW)); } & \
+	  { session tensorflow tensorflow tests; torch_parts; } & \
+	  { session jax jax tests; torch_parts; } & \
+	  names="tensorflow jax $(TORCH_PARTS)"; \
 	else \
 	  session tensorflow tensorflow $(TESTS) & { session jax jax $(TESTS); session torch torch $(TESTS); } & \
+	  names="$(BACKENDS)"; \
 	fi; \
 	wait; \
-	status=0; names="$(BACKENDS)"; [ "$(TESTS)" != tests ] || names="$$names torch-after"; \
+	status=0; \
 	for name in $$names; do \
 	  if [ ! -f .test-logs/$$name.status ]; then echo "=== $$name: no result ==="; status=1; continue; fi; \
 	  read code seconds < .test-logs/$$name.status; \
-	  backend=$${name%-after}; label=$$backend; [ $$name = $$backend ] || label="$$backend ($(TORCH_AFTER_TENSORFLOW))"; \
+	  case $$name in \
+	    torch-1) label="torch, part 1 ($(TORCH_PART_1))";; \
+	    torch-2) label="torch, part 2 ($(TORCH_PART_2))";; \
+	    torch-3) label="torch, part 3 (the other test files)";; \
+	    *) label=$$name;; \
+	  esac; \
 	  echo "=== KERAS_BACKEND=$$label: $$(tail -n 1 .test-logs/$$name.log) (exit $$code, $${seconds}s) ==="; \
 	  [ "$$code" = 0 ] || status=1; \
 	done; \
