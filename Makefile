@@ -27,18 +27,19 @@ $(STAMP): pyproject.toml constraints.txt
 # tests, the shortest session, are cut into three parts that wait in a queue, and each
 # stream takes the next part when its own session ends (a part is claimed with mkdir,
 # which only one stream can win). Which of TensorFlow and JAX is slower changes with the
-# machine and the hour (on a slow 2-core Intel Xeon: TensorFlow 662 s and JAX 611 s in one
+# machine and the hour (on a slow 2-core Intel Xeon: TensorFlow 670 s and JAX 585 s in one
 # hour, 848 s and 955 s in a slower one), so a fixed split left one core idle for minutes;
 # the queue gives the faster stream more of PyTorch's work. Tests of plain-Python
 # behaviour run in one session only (tests/conftest.py's once_on), and JAX compiles the
 # tiny test models with LLVM's cheapest code generation.
 # Every line is prefixed with its session; each session's summary is repeated at the end.
-# PyTorch's parts, about equal in time: the killed-run chains and the docs' examples (~150 s
-# on that Xeon), the heaviest other files (~145 s), and every file not named here (~140 s).
-TORCH_PART_1 := tests/test_fault_injection.py tests/test_docs.py
-TORCH_PART_2 := tests/test_faults.py tests/test_subword_sampling.py tests/test_ensemble.py \
+# PyTorch's parts, taken longest first so that the last one taken is the shortest (on
+# that Xeon: 146, 143 and 110 s): every file not named below, then the killed-run chains
+# and the docs' examples, then the heaviest other files.
+TORCH_PART_2 := tests/test_fault_injection.py tests/test_docs.py
+TORCH_PART_3 := tests/test_faults.py tests/test_subword_sampling.py tests/test_ensemble.py \
 	tests/test_determinism.py tests/test_cli.py tests/test_model.py tests/test_translator.py
-TORCH_PART_3 := tests $(addprefix --ignore=,$(TORCH_PART_1) $(TORCH_PART_2))
+TORCH_PART_1 := tests $(addprefix --ignore=,$(TORCH_PART_2) $(TORCH_PART_3))
 TORCH_PARTS := torch-1 torch-2 torch-3
 
 test: $(STAMP)
@@ -69,9 +70,9 @@ test: $(STAMP)
 	  if [ ! -f .test-logs/$$name.status ]; then echo "=== $$name: no result ==="; status=1; continue; fi; \
 	  read code seconds < .test-logs/$$name.status; \
 	  case $$name in \
-	    torch-1) label="torch, part 1 ($(TORCH_PART_1))";; \
+	    torch-1) label="torch, part 1 (the test files not in parts 2 and 3)";; \
 	    torch-2) label="torch, part 2 ($(TORCH_PART_2))";; \
-	    torch-3) label="torch, part 3 (the other test files)";; \
+	    torch-3) label="torch, part 3 ($(TORCH_PART_3))";; \
 	    *) label=$$name;; \
 	  esac; \
 	  echo "=== KERAS_BACKEND=$$label: $$(tail -n 1 .test-logs/$$name.log) (exit $$code, $${seconds}s) ==="; \
