@@ -46,7 +46,7 @@ test: $(STAMP)
 	@mkdir -p .test-logs; rm -rf .test-logs/*.status .test-logs/*.claimed; \
 	session() { \
 	  name=$$1; backend=$$2; shift 2; start=$$(date +%s); \
-	  KERAS_BACKEND=$$backend $(PY) -m pytest -q -p no:cacheprovider --durations=15 "$$@" 2>&1 \
+	  KERAS_BACKEND=$$backend $(PY) -m pytest -q -p no:cacheprovider --durations=15 --junitxml=.test-logs/$$name.xml "$$@" 2>&1 \
 	    | tee .test-logs/$$name.log | sed -u "s/^/[$$name] /"; \
 	  echo "$${PIPESTATUS[0]} $$(( $$(date +%s) - start ))" > .test-logs/$$name.status; \
 	}; \
