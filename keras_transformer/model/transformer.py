@@ -132,6 +132,8 @@ class Transformer(keras.Model):
         it (`keras_transformer.data.make_dataset` shuffles, seeded); Keras ignores
         `shuffle` for it and warns on every call about its default of True. Arrays keep
         Keras' default (shuffled). An explicit `shuffle=` is passed through unchanged.
+        On TensorFlow the optimizer is built first, so the training step is traced once
+        (`_build_optimizer_before_tracing`).
         """
         shuffle_given = "shuffle" in kwargs or len(args) >= _FIT_SHUFFLE_POSITION
         if not shuffle_given and _is_dataset(x):
