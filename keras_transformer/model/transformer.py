@@ -149,7 +149,7 @@ class Transformer(keras.Model):
         weight) are created inside `tf.function`, and a function that creates variables is
         traced twice. Built here, on the weights that are trainable when `fit` starts (as
         the first trace would), the step is traced once: the first `fit` of the tiny
-        test model took 9.2 s before and 4.6 s after on a 2-core AMD EPYC. Under a
+        test model took 9.2 s before and 4.4 s after on a 2-core AMD EPYC. Under a
         strategy Keras builds the optimizer itself, in the strategy's scope; JAX and
         PyTorch build it before their first step too.
         """
