@@ -35,6 +35,9 @@ Usage:
         --model-dir saved_models/multi30k_en_de --steps 3981 --output screen/base.npz
     .venv/bin/python bench/step_matched_screen.py prepare ../shared/data/multi30k \
         --model-dir saved_models/multi30k_en_de --steps 3981 --bpe-dropout 0.1 --output screen/bpe01.npz
+    # the shipped en->de recipe, no CPU run first (its tokenizer is trained here):
+    .venv/bin/python bench/step_matched_screen.py prepare ../shared/data/multi30k \
+        --recipe en-de --steps 7140 --output screen/ende_7140.npz
     KERAS_BACKEND=jax python bench/step_matched_screen.py train screen/base.npz \
         --set dropout=0.2 --seed 1 --results screen/results.jsonl
     # a wider model at its own (smaller) step count, from the same archive:
@@ -97,6 +100,25 @@ def epoch_batches(source_ids, target_ids, rng, boundaries, tokens_per_batch):
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def recipe_run(direction, data_dir, overrides):
+    """The shipped recipe of `direction` as bench/multi30k.py runs it: its run config and
+    its tokenizer, trained here on `data_dir`'s training pairs as that run trains it, so a
+    screen needs no CPU run first."""
+    import tempfile
+
+    import sentencepiece
+
+    from bench.multi30k import direction_config
+    from keras_transformer.train.run import load_corpus, prepare_tokenizer
+
+    config, _ = direction_config(data_dir, direction, 45.0, 1, overrides, tempfile.gettempdir(), False)
+    tokenizer = prepare_tokenizer(config, load_corpus(config)["train"])
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save(folder)
+        processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(folder, "tokenizer.model"))
+    return config, processor
+
+
 def prepare(args):
     import sentencepiece
 
@@ -104,10 +126,13 @@ def prepare(args):
     from keras_transformer.data.readers import read_parallel_files
     from keras_transformer.train.run_config import RunConfig
 
-    model_dir = pathlib.Path(args.model_dir)
-    config = RunConfig.from_toml(model_dir / "config.toml", args.set or [])
-    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
     data = pathlib.Path(args.data_dir)
+    if args.recipe:
+        config, processor = recipe_run(args.recipe, data, args.set or [])
+    else:
+        model_dir = pathlib.Path(args.model_dir)
+        config = RunConfig.from_toml(model_dir / "config.toml", args.set or [])
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
     src, tgt = config.source_lang, config.target_lang
     # The reader the runs use (stripped sentences, malformed lines refused).
     train = read_parallel_files(data / f"{config.train_split}.{src}", data / f"{config.train_split}.{tgt}")[0]
@@ -335,7 +360,10 @@ def main(argv=None):
     stages = parser.add_subparsers(dest="stage", required=True)
     p = stages.add_parser("prepare", help="tokenize and batch (needs the package's TensorFlow side)")
     p.add_argument("data_dir")
-    p.add_argument("--model-dir", required=True, help="a bench/multi30k.py run: config.toml, tokenizer.model")
+    run = p.add_mutually_exclusive_group(required=True)
+    run.add_argument("--model-dir", help="a bench/multi30k.py run: config.toml, tokenizer.model")
+    run.add_argument("--recipe", choices=("de-en", "en-de"),
+                     help="the shipped recipe of this direction, its tokenizer trained here")
     p.add_argument("--steps", type=_positive_int, required=True, help="updates to replay")
     p.add_argument("--bpe-dropout", type=_probability, default=0.0, help="merge dropout, in [0, 1)")
     p.add_argument("--seed", type=int, default=0, help="the batch order's seed")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import keras_transformer as kt
-from conftest import tiny_config, to_numpy
+from conftest import once_on, tiny_config, to_numpy
 from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
 from test_packing import pairs, sgd_step, tokenizer  # noqa: F401 (pairs, tokenizer: fixtures)
@@ -211,3 +211,27 @@ def test_train_refuses_a_split_the_archive_does_not_hold(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--splits val test: the archive holds val only"):
         main(["train", str(tmp_path / "a.npz"), "--splits", "val", "test"])
     assert "KERAS_BACKEND" not in os.environ
+
+
+@once_on("tensorflow", "prepare is numpy, sentencepiece and the TensorFlow-side tokenizer, the same on every backend")
+def test_prepare_from_a_shipped_recipe_takes_its_settings_and_trains_its_tokenizer(tmp_path):
+    data, _ = _screen_run(tmp_path)  # its data only: --recipe needs no run directory
+    output = tmp_path / "recipe.npz"
+    main(["prepare", str(data), "--recipe", "en-de", "--steps", "3", "--output", str(output),
+          "--set", f"vocab_size={VOCAB_SIZE}", "--set", "test_split=", "--set", "model.max_length=16"])
+    archive = np.load(output)
+    meta = json.loads(str(archive["meta"]))
+    # training/configs/multi30k_en_de.toml's own values, none of them a default: the recipe
+    # (and its base, multi30k.toml) were read, with the overrides on top.
+    assert (meta["source_lang"], meta["target_lang"]) == ("en", "de")
+    assert (meta["tokens_per_batch"], meta["beam_size"], meta["length_penalty"]) == (2048, 4, 1.4)
+    assert (meta["model"]["d_model"], meta["model"]["attention_dropout"], meta["model"]["max_length"]) == (256, 0.1, 16)
+    assert (meta["training"]["weight_decay"], meta["training"]["warmup_steps"]) == (0.1, 400)
+    assert meta["training"]["total_steps"] == 3 and meta["splits"] == {"val": "val"}
+    # The tokenizer a run of the recipe trains: BPE on both sides of the training pairs.
+    english = (data / "train.en").read_text().splitlines()
+    german = (data / "train.de").read_text().splitlines()
+    expected = kt.train_tokenizer([s for pair in zip(english, german) for s in pair], VOCAB_SIZE, model_type="bpe")
+    expected.save(str(tmp_path / "expected"))
+    assert archive["tokenizer"].tobytes() == (tmp_path / "expected" / "tokenizer.model").read_bytes()
+    assert json.loads(str(archive["val_source"]))[0] == list(map(int, expected.tokenize(english[:1]).to_list()[0]))
