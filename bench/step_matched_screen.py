@@ -111,7 +111,9 @@ def recipe_run(direction, data_dir, overrides):
     from bench.multi30k import direction_config
     from keras_transformer.train.run import load_corpus, prepare_tokenizer
 
-    config, _ = direction_config(data_dir, direction, 45.0, 1, overrides, tempfile.gettempdir(), False)
+    # The budget, averaging and output folder are the run's, unused here (--steps sets the updates).
+    config, _ = direction_config(data_dir, direction, minutes=45.0, average=1, overrides=overrides,
+                                 output_dir=tempfile.gettempdir(), curve_minutes=False)
     tokenizer = prepare_tokenizer(config, load_corpus(config)["train"])
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save(folder)
