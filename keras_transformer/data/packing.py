@@ -26,6 +26,9 @@ import tensorflow as tf
 
 from keras_transformer.model.transformer import PACKING_INPUTS
 
+# Plain TensorFlow ops, no Python branch on a tensor: AutoGraph is skipped (pipeline.py says why).
+graph_function = tf.autograph.experimental.do_not_convert
+
 PACKED_FEATURES = ("encoder_inputs", "decoder_inputs") + PACKING_INPUTS
 """The input keys of a packed batch, in the model's input dict."""
 
@@ -64,10 +67,12 @@ def pack_examples(examples, length, open_rows=DEFAULT_OPEN_ROWS):
         raise ValueError(f"`open_rows` must be an integer >= 1. Received: open_rows={open_rows!r}")
     rows = open_rows
 
+    @graph_function
     def as_parts(inputs, labels):
         # -1: a real pair; a flush marker (below) carries the index of the row to emit.
         return inputs["encoder_inputs"], inputs["decoder_inputs"], labels, tf.constant(-1, tf.int32)
 
+    @graph_function
     def flush_marker(index):
         empty = tf.zeros([0], tf.int32)
         return empty, empty, empty, tf.cast(index, tf.int32)
@@ -82,6 +87,7 @@ def pack_examples(examples, length, open_rows=DEFAULT_OPEN_ROWS):
         pairs=tf.zeros([rows], tf.int32),
     )
 
+    @graph_function
     def step(state, element):
         source, target, labels, flush = element
         source_length, target_length = tf.size(source), tf.size(target)
@@ -101,13 +107,14 @@ def pack_examples(examples, length, open_rows=DEFAULT_OPEN_ROWS):
         state = _placed(state, row, source, target, labels, length)
         return state, (emitted_valid, emitted)
 
+    @graph_function
     def as_model_inputs(valid, row):
         del valid
         return {key: row[key] for key in PACKED_FEATURES}, row["labels"]
 
     return (
         stream.scan(initial, step)
-        .filter(lambda valid, row: valid)
+        .filter(graph_function(lambda valid, row: valid))
         .map(as_model_inputs)
     )
 

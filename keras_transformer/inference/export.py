@@ -125,7 +125,9 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
     # One search, traced once: every signature calls this one tf.function (the best
     # hypothesis is the first of the n-best list), so the SavedModel holds one decoding
     # loop instead of one per signature, and exporting traces it once.
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    # autograph=False on every function here: plain TensorFlow ops and the backend-neutral
+    # searches, nothing for AutoGraph to rewrite (compiled.py says what converting costs).
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
     def decode_n_best(encoder_inputs):
         """`[B, n_best, L]` tokens and `[B, n_best]` scores, best first."""
         if beam_size == 1:  # greedy search: its one hypothesis
@@ -183,12 +185,12 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
     # Any shape (None): the rank is checked in the graph, with a message (module docstring).
     ids_spec = [tf.TensorSpec(None, tf.int32, name="encoder_inputs")]
     text_spec = [tf.TensorSpec(None, tf.string, name="text")]
-    module.translate_ids = tf.function(translate_ids, input_signature=ids_spec)
-    module.translate_ids_n_best = tf.function(translate_ids_n_best, input_signature=ids_spec)
+    module.translate_ids = tf.function(translate_ids, input_signature=ids_spec, autograph=False)
+    module.translate_ids_n_best = tf.function(translate_ids_n_best, input_signature=ids_spec, autograph=False)
     if tokenizer is not None:
         module.tokenizer = tokenizer
-        module.translate_text = tf.function(translate_text, input_signature=text_spec)
-        module.translate_text_n_best = tf.function(translate_text_n_best, input_signature=text_spec)
+        module.translate_text = tf.function(translate_text, input_signature=text_spec, autograph=False)
+        module.translate_text_n_best = tf.function(translate_text_n_best, input_signature=text_spec, autograph=False)
     return module
 
 
