@@ -338,3 +338,24 @@ def test_fixed_position_table_starts_as_the_sinusoids_and_is_never_trained(tmp_p
     restored = keras.models.load_model(path)
     np.testing.assert_array_equal(to_numpy(restored.get_layer("encoder_position_encoding").position_embeddings), loaded)
     np.testing.assert_allclose(logits_of(restored), before, atol=1e-6)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="only TensorFlow's trainer builds the optimizer inside the traced step (JAX and PyTorch build it before)",
+)
+@pytest.mark.parametrize("entry", ["fit", "train_on_batch"])
+def test_the_first_training_step_is_traced_once_on_tensorflow(entry):
+    # An optimizer built inside tf.function makes TensorFlow trace the step twice.
+    model = kt.compile_transformer(kt.build_transformer(tiny_config()), kt.TrainingConfig(warmup_steps=4))
+    ids = np.random.default_rng(0).integers(4, 32, size=(4, 8)).astype("int32")
+    calls = []
+    traced = model.call
+    model.call = lambda *args, **kwargs: calls.append(1) or traced(*args, **kwargs)
+    inputs = {"encoder_inputs": ids, "decoder_inputs": ids}
+    if entry == "fit":
+        model.fit(inputs, ids, batch_size=4, epochs=1, verbose=0)
+    else:
+        model.train_on_batch(inputs, ids)
+    assert len(calls) == 1
+    assert model.optimizer.built and int(to_numpy(model.optimizer.iterations)) == 1
