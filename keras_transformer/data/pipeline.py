@@ -26,15 +26,9 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_transformer import checks
-from keras_transformer.data.packing import pack_examples
+from keras_transformer.data.packing import graph_function, pack_examples
 from keras_transformer.data.tokenizer import lone_surrogate_position
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
-
-# The functions this module hands to tf.data are written in TensorFlow ops with no
-# Python branch on a tensor, so AutoGraph has nothing to rewrite in them; left to it, it
-# would still parse and transform each one, and the tokenizers of tensorflow-text below
-# them, once a process: ~1.5 s of a first `make_dataset` on a 2-core AMD EPYC.
-graph_function = tf.autograph.experimental.do_not_convert
 
 logger = logging.getLogger(__name__)
 
