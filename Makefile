@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml constraints.txt
 # hour, 848 s and 955 s in a slower one), so a fixed split left one core idle for minutes;
 # the queue gives the faster stream more of PyTorch's work. Tests of plain-Python
 # behaviour run in one session only (tests/conftest.py's once_on), and JAX compiles the
-# tiny test models with LLVM's cheapest code generation.
+# tiny test models with LLVM's cheapest code generation and XLA:CPU's older emitters,
+# which compile faster (tests/conftest.py).
 # Every line is prefixed with its session; each session's summary is repeated at the end.
 # PyTorch's parts, taken longest first so that the last one taken is the shortest (on
 # that Xeon: 146, 143 and 110 s): every file not named below, then the killed-run chains
