@@ -172,9 +172,13 @@ def test_decoding_arguments_give_translator_settings():
     assert greedy == {"beam_size": 1, "length_penalty": 0.6, "max_extra": 3, "batch_size": 8}
     with pytest.raises(SystemExit):  # one search or the other
         parser.parse_args(["--greedy", "--beam-size", "2"])
+    # Only given, so CTranslate2Translator (whose only rule it is) takes the same settings.
+    early = common.decoding_settings(parser.parse_args(["--early-stopping"]))
+    assert early == {**defaults, "early_stopping": True}
     export_parser = argparse.ArgumentParser()
     common.add_decoding_arguments(export_parser, batch_size=False)
     assert "batch_size" not in common.decoding_settings(export_parser.parse_args([]))
+    assert common.decoding_settings(export_parser.parse_args(["--early-stopping"]))["early_stopping"] is True
 
 
 def test_sampling_arguments_give_translator_settings_and_only_where_a_translator_runs():

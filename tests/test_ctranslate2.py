@@ -126,6 +126,19 @@ def test_beam_4_with_alpha_06_gives_our_best_hypotheses(ct2_dir, keras_beam):
     assert all(a >= b for a, b in zip(their_scores, our_scores))
 
 
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_our_early_stopping_gives_ctranslate2s_translations(ct2_dir, trained_dir, alpha):
+    """CTranslate2's only stopping rule is `early_stopping=True`'s; our default is exact."""
+    ours = Translator(
+        trained_dir, beam_size=4, length_penalty=alpha, max_extra=MAX_EXTRA, batch_size=128, jit_compile=False,
+        early_stopping=True,
+    )
+    theirs = kt.CTranslate2Translator(ct2_dir, beam_size=4, length_penalty=alpha, max_extra=MAX_EXTRA, early_stopping=True)
+    assert ours.translate(tiny_sentences()) == theirs.translate(tiny_sentences())
+    with pytest.raises(ValueError, match=r"no rule that searches on.*Received: early_stopping=False"):
+        kt.CTranslate2Translator(ct2_dir, early_stopping=False)
+
+
 def test_int8_translations_mostly_equal_float(ct2_dir, trained_dir, keras_beam, tmp_path):
     _, (ours, _) = keras_beam
     int8_dir = export_ctranslate2(trained_dir, tmp_path / "int8", quantization="int8")

@@ -78,6 +78,9 @@ SHORT_OR_LONG = {
 }
 # EOS is always unlikely, so sentences end where their limit forces it.
 NEVER_ENDS = {token: {UNK: 0.04, EOS_ID: 0.01, A: 0.9, B: 0.05} for token in (BOS_ID, UNK, A, B)}
+# A is always likeliest and EOS second: an EOS extension is among the best two at every
+# step, while the most probable extension never ends.
+A_THEN_EOS = {token: {UNK: 0.025, EOS_ID: 0.05, A: 0.9, B: 0.025} for token in (BOS_ID, UNK, A, B)}
 
 
 def test_length_penalty_is_gnmt_formula():
@@ -144,6 +147,59 @@ def test_alpha_decides_between_short_and_long_hypotheses():
     assert to_numpy(tokens).tolist() == [[padded([A, B, EOS_ID], 5), padded([EOS_ID], 5)]]
     np.testing.assert_allclose(to_numpy(scores), [[long_score, short_score]], atol=1e-5)
     assert enumerate_best(probs, 2.0, 5)[1] == [A, B, EOS_ID]
+
+
+def test_early_stopping_ends_a_sentence_once_its_beam_of_finished_hypotheses_is_full():
+    """With alpha 2 the long [A, B, EOS] wins (test above); early stopping never reaches it.
+
+    Beam 2, step 0: the 4 best extensions are EOS 0.5, A 0.45, UNK 0.025, B 0.025. The most
+    probable one ends, and EOS is among the best 2, so [EOS] finishes. Step 1: from A, B
+    0.405 then EOS 0.0225 (UNK's extensions are 0.025 / 4 each), so [A, EOS] finishes too:
+    two finished fill the beam and the sentence stops, where the exact search goes on to
+    [A, B, EOS] at step 2.
+    """
+    step_fn, _ = table_step_fn(SHORT_OR_LONG)
+    short_score = math.log(0.5)
+    a_eos_score = math.log(0.45 * 0.05) / (7 / 6) ** 2.0
+    tokens, scores = decoding.beam_search(
+        step_fn, (), 1, 5, beam_size=2, alpha=2.0, return_all_beams=True, early_stopping=True
+    )
+    assert to_numpy(tokens).tolist() == [[padded([EOS_ID], 5), padded([A, EOS_ID], 5)]]
+    np.testing.assert_allclose(to_numpy(scores), [[short_score, a_eos_score]], atol=1e-5)
+    # A beam of 1 stops at the first EOS among its best extension: greedy's choice.
+    tokens, _ = decoding.beam_search(step_fn, (), 1, 5, beam_size=1, alpha=2.0, early_stopping=True)
+    assert to_numpy(tokens).tolist() == [padded([EOS_ID], 5)]
+    tokens, _ = decoding.beam_search(step_fn, (), 1, 5, beam_size=1, alpha=2.0)
+    assert to_numpy(tokens).tolist() == [padded([A, B, EOS_ID], 5)]
+    # Where the exact rule already stops as soon as the beam is full, the two agree.
+    step_fn, _ = table_step_fn(GREEDY_TRAP)
+    exact = decoding.beam_search(step_fn, (), 1, 4, beam_size=2, alpha=0.6, return_all_beams=True)
+    early = decoding.beam_search(
+        step_fn, (), 1, 4, beam_size=2, alpha=0.6, return_all_beams=True, early_stopping=True
+    )
+    assert to_numpy(early[0]).tolist() == to_numpy(exact[0]).tolist()
+    np.testing.assert_allclose(to_numpy(early[1]), to_numpy(exact[1]), atol=1e-6)
+
+
+def test_early_stopping_waits_for_the_most_probable_extension_to_end():
+    """K finished hypotheses stop a sentence only once its most probable extension was EOS.
+
+    A_THEN_EOS, beam 2, alpha 1, limit 5: at every step an EOS extension is second best,
+    so [EOS] (0.05) finishes at step 0 and [A, EOS] (0.9 * 0.05) at step 1, filling the
+    beam; but A is always the most probable, so the search goes on to the limit, as the
+    exact rule does, and keeps the two best: [A, A, A, A, EOS] (EOS forced at the limit)
+    and [A, A, A, EOS].
+    """
+    step_fn, probs = table_step_fn(A_THEN_EOS)
+    expected_tokens = [[padded([A, A, A, A, EOS_ID], 5), padded([A, A, A, EOS_ID], 5)]]
+    expected_scores = [[math.log(0.9**4 * 0.05) / (10 / 6), math.log(0.9**3 * 0.05) / (9 / 6)]]
+    assert enumerate_best(probs, 1.0, 5) == (pytest.approx(expected_scores[0][0]), [A, A, A, A, EOS_ID])
+    for early_stopping in (False, True):
+        tokens, scores = decoding.beam_search(
+            step_fn, (), 1, 5, beam_size=2, alpha=1.0, return_all_beams=True, early_stopping=early_stopping
+        )
+        assert to_numpy(tokens).tolist() == expected_tokens, early_stopping
+        np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=1e-5)
 
 
 def test_each_sentence_stops_at_its_own_limit_with_eos_then_zeros():

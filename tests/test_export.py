@@ -253,6 +253,27 @@ def test_atomic_write_keeps_the_old_directory_when_writing_fails(tmp_path):
     assert os.listdir(tmp_path / "tiny") == ["1"] and os.listdir(target) == ["new.txt"]
 
 
+def test_early_stopping_reaches_the_exported_search(model_dir, tmp_path, monkeypatch):
+    if not ON_TENSORFLOW:
+        pytest.skip("SavedModel export needs the TensorFlow backend")
+
+    class Traced(Exception):
+        pass
+
+    seen = {}
+
+    def spy(*args, **kwargs):  # stops the export at its first trace of the search
+        seen.update(kwargs)
+        raise Traced
+
+    monkeypatch.setattr(export.decoding, "beam_decode", spy)
+    with pytest.raises(Traced):
+        export.export_saved_model(model_dir, base_dir=str(tmp_path), beam_size=2, early_stopping=True)
+    assert seen["early_stopping"] is True and seen["return_all_beams"] is True
+    with pytest.raises(ValueError, match=r"`early_stopping` must be True or False. Received: early_stopping=1"):
+        export.export_saved_model(model_dir, base_dir=str(tmp_path), early_stopping=1)
+
+
 def test_bad_names_and_versions_are_refused(model_dir, tmp_path):
     if not ON_TENSORFLOW:
         pytest.skip("SavedModel export needs the TensorFlow backend")

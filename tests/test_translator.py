@@ -149,6 +149,19 @@ def test_xla_compiled_translator_gives_the_same_translations(translator, sentenc
     assert compiled.translate(sentences) == translator.translate(sentences)
 
 
+def test_early_stopping_is_the_beam_searches_setting(translator, sentences):
+    """The search's rule itself is tested on tables (test_decoding) and against CTranslate2."""
+    early = Translator(
+        translator.model, translator.tokenizer, beam_size=BEAM_SIZE, max_extra=MAX_EXTRA, jit_compile=False,
+        early_stopping=True,
+    )
+    assert early.early_stopping is True and translator.early_stopping is False
+    assert early.decoder.decode_kwargs["early_stopping"] is True
+    assert translator.decoder.decode_kwargs["early_stopping"] is False
+    early.translate(sentences[:2], n_best=2)  # the n-best decoder is made on first use
+    assert early._n_best_decoder.decode_kwargs["early_stopping"] is True
+
+
 def test_tokenizer_of_another_vocabulary_is_refused(translator, sentences):
     other = kt.train_tokenizer(tiny_sentences(), vocab_size=32)
     message = r"tokenizer's vocab_size \(32\) differs from the model's config.vocab_size \(48\)"
@@ -171,6 +184,8 @@ def test_bad_construction_arguments_are_refused(translator, tmp_path):
         Translator(translator.model, translator.tokenizer, length_penalty=float("nan"))
     with pytest.raises(ValueError, match="`max_extra` must be an integer >= 0. Received: max_extra=-1"):
         Translator(translator.model, translator.tokenizer, max_extra=-1)
+    with pytest.raises(ValueError, match="`early_stopping` must be True or False. Received: early_stopping='yes'"):
+        Translator(translator.model, translator.tokenizer, early_stopping="yes")
     # The decoding settings are keyword-only: a positional 3rd argument is not a beam size.
     with pytest.raises(TypeError):
         Translator(translator.model, translator.tokenizer, 4)

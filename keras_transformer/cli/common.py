@@ -9,10 +9,10 @@
 - `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable) and
   `--ensemble-checkpoints K`, a model or an ensemble (kt-translate, kt-evaluate).
 - `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
-  `--length-penalty`, `--max-extra` (kt-translate, kt-evaluate, kt-export), with the
-  paper's defaults defined once in `inference.decoding`; `--batch-size` and sampling
-  (`--sample`, `--temperature`, `--top-k`, `--top-p`, `--seed`) for the commands that
-  translate in Python (kt-translate, kt-evaluate).
+  `--length-penalty`, `--early-stopping`, `--max-extra` (kt-translate, kt-evaluate,
+  kt-export), with the paper's defaults defined once in `inference.decoding`;
+  `--batch-size` and sampling (`--sample`, `--temperature`, `--top-k`, `--top-p`,
+  `--seed`) for the commands that translate in Python (kt-translate, kt-evaluate).
 - `write_metrics`: scores as `MODEL_DIR/metrics.json` (kt-evaluate, kt-demo).
 - `fail` / `COMMAND_ERRORS`: a missing file, a bad value or a corrupt model directory
   ends a command with one line, `kt-xxx: error: ...`, and exit status 2 (argparse's),
@@ -249,6 +249,12 @@ def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
         help=f"alpha of the beam search length penalty (default: the model directory's; else {LENGTH_PENALTY})",
     )
     group.add_argument(
+        "--early-stopping",
+        action="store_true",
+        help="beam search: stop a sentence once --beam-size hypotheses have finished, as fairseq and "
+        "CTranslate2 do (faster with a large --length-penalty; default: when no alive one can still win)",
+    )
+    group.add_argument(
         "--max-extra",
         type=int,
         default=MAX_DECODE_EXTRA,
@@ -279,6 +285,8 @@ def decoding_settings(args):
         getattr(args, "model_dir", None), 1 if args.greedy else args.beam_size, args.length_penalty
     )
     settings = {"beam_size": beam_size, "length_penalty": length_penalty, "max_extra": args.max_extra}
+    if args.early_stopping:
+        settings["early_stopping"] = True
     if hasattr(args, "batch_size"):
         settings["batch_size"] = args.batch_size
     if getattr(args, "sample", False):

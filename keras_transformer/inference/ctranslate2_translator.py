@@ -19,8 +19,9 @@ search settings, mapped onto CTranslate2's options:
 - PAD and BOS are never generated (CTranslate2's `suppress_sequences`).
 
 Differences that remain, by construction of the two engines: CTranslate2 stops a
-sentence once `beam_size` hypotheses have finished (ours stops when no alive beam can
-beat the finished ones), renormalizes the log-probabilities after removing PAD and BOS
+sentence once `beam_size` hypotheses have finished after its most probable extension
+ended (ours, by default, when no alive beam can beat the finished ones; with
+`early_stopping=True`, by the same rule), renormalizes the log-probabilities after removing PAD and BOS
 (ours does not), and at the length limit leaves a hypothesis without EOS (ours forces
 EOS there and counts its log-probability). On a trained model these change the best
 hypothesis rarely (tests/test_ctranslate2.py measures it).
@@ -71,6 +72,10 @@ class CTranslate2Translator:
         length_penalty: float >= 0, alpha of the GNMT length penalty. Defaults to 0.6.
         max_extra: int >= 0, extra output tokens allowed over the source length.
             Defaults to 50 (6.1).
+        early_stopping: True, CTranslate2's only rule: a sentence stops once
+            `beam_size` hypotheses have finished and its most probable extension has
+            ended at some step (`Translator(early_stopping=True)`). False,
+            `Translator`'s default, is refused: CTranslate2 has no exact rule.
         batch_size: int, the most sentences handed to CTranslate2 in one call.
         device: "cpu" (or "cuda" where CTranslate2 was built with it).
         compute_type: CTranslate2's compute type: "default" (the stored weights' type),
@@ -99,6 +104,7 @@ class CTranslate2Translator:
         beam_size=BEAM_SIZE,
         length_penalty=LENGTH_PENALTY,
         max_extra=MAX_DECODE_EXTRA,
+        early_stopping=True,
         batch_size=DEFAULT_BATCH_SIZE,
         device="cpu",
         compute_type="default",
@@ -108,6 +114,15 @@ class CTranslate2Translator:
         checks.check_positive_int("beam_size", beam_size)
         checks.check_non_negative_number("length_penalty", length_penalty)
         checks.check_non_negative_int("max_extra", max_extra)
+        checks.check_bool("early_stopping", early_stopping)
+        if not early_stopping:
+            raise ValueError(
+                "CTranslate2 stops a sentence's beam search early (once `beam_size` hypotheses "
+                "have finished after its most probable extension ended) and has no rule that "
+                "searches on until no alive hypothesis can win: use keras_transformer.Translator "
+                "for early_stopping=False. "
+                f"Received: early_stopping={early_stopping!r}"
+            )
         checks.check_positive_int("batch_size", batch_size)
         checks.check_choice("compute_type", compute_type, COMPUTE_TYPES)
         checks.check_positive_int("inter_threads", inter_threads)

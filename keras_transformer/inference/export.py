@@ -114,7 +114,7 @@ def _checked_text(text):
         return _as_rank(text, 1)
 
 
-def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, n_best):
+def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, n_best, early_stopping):
     """A `tf.Module` with the model's variables, the tokenizer and the decode functions."""
     import tensorflow as tf  # Only on the TF backend, checked by the caller.
 
@@ -134,7 +134,13 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
             tokens, scores = decoding.greedy_decode(model, encoder_inputs, max_extra=max_extra)
             return tokens[:, None], scores[:, None]
         tokens, scores = decoding.beam_decode(
-            model, encoder_inputs, beam_size, length_penalty, max_extra=max_extra, return_all_beams=True
+            model,
+            encoder_inputs,
+            beam_size,
+            length_penalty,
+            max_extra=max_extra,
+            return_all_beams=True,
+            early_stopping=early_stopping,
         )
         return tokens[:, :n_best], scores[:, :n_best]
 
@@ -223,6 +229,7 @@ def export_saved_model(
     beam_size=None,
     length_penalty=None,
     max_extra=MAX_DECODE_EXTRA,
+    early_stopping=False,
     ids_only=False,
     n_best=None,
 ):
@@ -247,6 +254,8 @@ def export_saved_model(
         length_penalty: float, alpha of the length penalty. Defaults to the model
             directory's (`eval_length_penalty`), else 0.6 (6.1).
         max_extra: int, extra output tokens over the source length. Default 50 (6.1).
+        early_stopping: bool, stop a sentence's beam search once `beam_size`
+            hypotheses have finished (`Translator`'s argument). Defaults to False.
         ids_only: bool, leave the tokenizer out: only token-id signatures, loadable
             where tensorflow-text ops are not.
         n_best: int, 1 <= n_best <= beam_size, the hypotheses per sentence of the
@@ -277,6 +286,7 @@ def export_saved_model(
     checks.check_positive_int("beam_size", beam_size)
     checks.check_non_negative_number("length_penalty", length_penalty)
     checks.check_non_negative_int("max_extra", max_extra)
+    checks.check_bool("early_stopping", early_stopping)
     n_best = _checked_n_best(n_best, beam_size)
     model_base = os.path.join(os.fspath(base_dir), name)
     if version is None:
@@ -290,7 +300,7 @@ def export_saved_model(
         )
 
     module = _translation_module(
-        model, None if ids_only else tokenizer, beam_size, length_penalty, max_extra, n_best
+        model, None if ids_only else tokenizer, beam_size, length_penalty, max_extra, n_best, early_stopping
     )
     ids_function = module.translate_ids.get_concrete_function()
     signatures = {

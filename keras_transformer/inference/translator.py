@@ -113,6 +113,12 @@ class Translator:
             Defaults to the model directory's (`eval_length_penalty`), else 0.6 (6.1).
         max_extra: int >= 0, extra output tokens allowed over the source length.
             Defaults to 50 (6.1).
+        early_stopping: bool, beam search only. True stops a sentence once
+            `beam_size` of its hypotheses have finished and, at some step, its most
+            probable extension was EOS, as OpenNMT and CTranslate2 do: fewer decoding
+            steps, at the risk of missing a longer hypothesis that would score better.
+            Defaults to False: a sentence stops when no alive hypothesis can still beat
+            its finished ones (tensor2tensor's rule; `inference.decoding.beam_search`).
         batch_size: int, the most sentences decoded together.
         jit_compile: bool, compile with XLA on TensorFlow (default True).
         temperature: float > 0, sampling only. Defaults to 1 (the model's distribution).
@@ -151,6 +157,7 @@ class Translator:
         beam_size=None,
         length_penalty=None,
         max_extra=MAX_DECODE_EXTRA,
+        early_stopping=False,
         batch_size=DEFAULT_BATCH_SIZE,
         jit_compile=True,
         temperature=None,
@@ -166,6 +173,7 @@ class Translator:
         checks.check_choice("decoding", decoding, DECODINGS)
         checks.check_non_negative_number("length_penalty", length_penalty)
         checks.check_non_negative_int("max_extra", max_extra)
+        checks.check_bool("early_stopping", early_stopping)
         checks.check_positive_int("batch_size", batch_size)
         checks.check_bool("jit_compile", jit_compile)
         sampling_settings = _sampling_settings(decoding, temperature, top_k, top_p, seed)
@@ -176,6 +184,7 @@ class Translator:
         self.beam_size = beam_size if decoding == "beam" else 1  # hypotheses kept per sentence
         self.length_penalty = float(length_penalty)
         self.max_extra = max_extra
+        self.early_stopping = early_stopping
         self.batch_size = batch_size
         self.jit_compile = jit_compile
         self.seed = sampling_settings.pop("seed", None)
@@ -213,7 +222,7 @@ class Translator:
     def _make_decoder(self, return_all_beams=False):
         settings = dict(jit_compile=self.jit_compile, max_extra=self.max_extra)
         if self.decoding == "beam":
-            settings.update(beam_size=self.beam_size, alpha=self.length_penalty)
+            settings.update(beam_size=self.beam_size, alpha=self.length_penalty, early_stopping=self.early_stopping)
             if return_all_beams:
                 settings["return_all_beams"] = True
         return CompiledDecoder(self.model, self.decoding, **settings, **self.sampling)
