@@ -115,7 +115,18 @@ def main(argv=None):
         engines["ctranslate2"] = CTranslate2Translator(args.model_dir, **search, intra_threads=machine.usable_cores())
     print(f"{args.model_dir} ({source_lang}->{target_lang}), beam {search['beam_size']}, alpha {search['length_penalty']}")
 
-    results = {}
+    info = machine.machine_info()
+    payload = {
+        "benchmark": "beam_stopping",
+        "model_dir": str(args.model_dir),
+        "direction": f"{source_lang}-{target_lang}",
+        "search": search,
+        "backend": keras.backend.backend(),
+        "rounds": args.rounds,
+        "splits": {},
+        "machine": info,
+    }
+    results = payload["splits"]
     for split in args.splits.split(","):
         stem = pathlib.Path(args.data_dir) / SPLIT_FILES[split]
         sources = stem.with_suffix("." + source_lang).read_text(encoding="utf-8").splitlines()
@@ -141,6 +152,7 @@ def main(argv=None):
                 steps = loop_steps(translator, sources)
                 part["engines"][rule]["loop_steps"] = {"total": int(np.sum(steps)), "per_batch": steps}
         results[split] = part
+        path = machine.write_json(args.output, payload)  # after each split: a stopped run keeps it
         for name, entry in part["engines"].items():
             steps = entry.get("loop_steps", {}).get("total")
             print(
@@ -150,18 +162,6 @@ def main(argv=None):
                 flush=True,
             )
 
-    info = machine.machine_info()
-    payload = {
-        "benchmark": "beam_stopping",
-        "model_dir": str(args.model_dir),
-        "direction": f"{source_lang}-{target_lang}",
-        "search": search,
-        "backend": keras.backend.backend(),
-        "rounds": args.rounds,
-        "splits": results,
-        "machine": info,
-    }
-    path = machine.write_json(args.output, payload)
     groups = list(results)
     series = {name: [results[split]["engines"][name]["best_seconds"] for split in groups] for name in engines}
     machine.grouped_bar_chart(
