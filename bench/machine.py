@@ -155,9 +155,9 @@ def grouped_bar_chart(path, title, ylabel, groups, series, note=None, log_scale=
     axes.legend(fontsize=8)
     lines = []
     if note:
-        # Wrapped to the figure's width (~20 characters an inch at 7 points), so a long
+        # Wrapped to the figure's width (~17 characters an inch at 7 points), so a long
         # note (two machines, say) is not cut off at the right edge.
-        lines = textwrap.wrap(note, width=int(figure.get_figwidth() * 20))
+        lines = textwrap.wrap(note, width=int(figure.get_figwidth() * 17))
         figure.text(0.01, 0.01, "\n".join(lines), fontsize=7)
     figure.tight_layout(rect=(0, 0.01 + 0.03 * max(len(lines), 1), 1, 1))
     path = pathlib.Path(path)
