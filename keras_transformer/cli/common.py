@@ -251,8 +251,9 @@ def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
     group.add_argument(
         "--early-stopping",
         action="store_true",
-        help="beam search: stop a sentence once --beam-size hypotheses have finished, as fairseq and "
-        "CTranslate2 do (faster with a large --length-penalty; default: when no alive one can still win)",
+        help="beam search: stop a sentence once --beam-size hypotheses have finished after its most probable "
+        "extension ended, as OpenNMT and CTranslate2 do (faster with a large --length-penalty; default: when "
+        "no alive hypothesis can still win)",
     )
     group.add_argument(
         "--max-extra",

@@ -21,9 +21,9 @@ search settings, mapped onto CTranslate2's options:
 Differences that remain, by construction of the two engines: CTranslate2 stops a
 sentence once `beam_size` hypotheses have finished after its most probable extension
 ended (ours, by default, when no alive beam can beat the finished ones; with
-`early_stopping=True`, by the same rule), renormalizes the log-probabilities after removing PAD and BOS
-(ours does not), and at the length limit leaves a hypothesis without EOS (ours forces
-EOS there and counts its log-probability). On a trained model these change the best
+`early_stopping=True`, by the same rule), renormalizes the log-probabilities after
+removing PAD and BOS (ours does not), and at the length limit leaves a hypothesis
+without EOS (ours forces EOS there and counts its log-probability). On a trained model these change the best
 hypothesis rarely (tests/test_ctranslate2.py measures it).
 """
 

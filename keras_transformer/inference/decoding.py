@@ -300,7 +300,7 @@ class _BeamSettings(typing.NamedTuple):
     eos_id: int
     pad_id: int
     bos_id: int
-    early_stopping: bool  # also stop once K hypotheses have finished
+    early_stopping: bool  # also stop once K have finished after the top extension ended
 
 
 def tile_beams(structure, beam_size):
@@ -490,8 +490,8 @@ def beam_search(
     stops when its limit is reached (EOS is forced at its last position) or when no
     alive beam can still beat its worst finished hypothesis (or, with `early_stopping`,
     once `beam_size` hypotheses have finished after its most probable extension ended
-    with EOS). Later steps leave a stopped
-    sentence's results unchanged, so a sentence decodes in a batch exactly as alone.
+    with EOS). Later steps leave a stopped sentence's results unchanged, so a sentence
+    decodes in a batch exactly as alone.
     With `alpha = 0` and `beam_size = 1` this is greedy search; with `alpha > 0` a beam
     of 1 keeps going past the EOS greedy takes while a longer hypothesis could still
     score better, and returns the best scoring one. With `prefix_ids`, every beam of a
@@ -748,7 +748,8 @@ def beam_decode(
         prefix_ids: optional int `[B, P]`, forced first output tokens, as for
             `greedy_decode`.
         early_stopping: bool, stop a sentence once `beam_size` hypotheses have
-            finished (see `beam_search`). Defaults to False.
+            finished after its most probable extension ended (see `beam_search`).
+            Defaults to False.
 
     Returns:
         `(tokens int32 [B, L], scores float32 [B])` (or `[B, K, L]`, `[B, K]`); scores

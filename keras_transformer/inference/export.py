@@ -255,7 +255,8 @@ def export_saved_model(
             directory's (`eval_length_penalty`), else 0.6 (6.1).
         max_extra: int, extra output tokens over the source length. Default 50 (6.1).
         early_stopping: bool, stop a sentence's beam search once `beam_size`
-            hypotheses have finished (`Translator`'s argument). Defaults to False.
+            hypotheses have finished after its most probable extension ended
+            (`Translator`'s argument). Defaults to False.
         ids_only: bool, leave the tokenizer out: only token-id signatures, loadable
             where tensorflow-text ops are not.
         n_best: int, 1 <= n_best <= beam_size, the hypotheses per sentence of the
