@@ -166,7 +166,7 @@ def test_early_stopping_ends_a_sentence_once_its_beam_of_finished_hypotheses_is_
     )
     assert to_numpy(tokens).tolist() == [[padded([EOS_ID], 5), padded([A, EOS_ID], 5)]]
     np.testing.assert_allclose(to_numpy(scores), [[short_score, a_eos_score]], atol=1e-5)
-    # A beam of 1 stops at the first EOS among its best extension: greedy's choice.
+    # A beam of 1 stops as soon as its most probable extension is EOS: greedy's choice.
     tokens, _ = decoding.beam_search(step_fn, (), 1, 5, beam_size=1, alpha=2.0, early_stopping=True)
     assert to_numpy(tokens).tolist() == [padded([EOS_ID], 5)]
     tokens, _ = decoding.beam_search(step_fn, (), 1, 5, beam_size=1, alpha=2.0)

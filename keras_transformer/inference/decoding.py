@@ -421,7 +421,7 @@ def _sentences_done(state, alive_log_probs, finished_scores, top_ended, settings
     so `alive_log_prob / length_penalty(limit)` bounds an alive beam's future scores.
     With `early_stopping`, a sentence also stops once K hypotheses have finished, if at
     some step its most probable extension was EOS (`top_ended`): OpenNMT's and
-    CTranslate2's rule. Without that condition (fairseq's and Hugging Face's
+    CTranslate2's rule. Without that condition (fairseq's rule, and Hugging Face's with
     `early_stopping=True`), K unlikely hypotheses that end early can stop a sentence
     whose likely ones are still growing: on 200 sentences of the demo corpus (beam 4,
     alpha 0.6) that rule changed 6 translations of the demo model and cost 1.9 BLEU,
