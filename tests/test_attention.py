@@ -37,10 +37,11 @@ def make_inputs(rng, t, s):
 
 
 @pytest.mark.parametrize("path", ["fused", "explicit"])
-@pytest.mark.parametrize("kind", ["self", "cross"])
+@pytest.mark.parametrize("kind", ["self", "cross", "one_query"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_attention_equals_numpy(rng, path, kind, masked):
-    t, s = (5, 5) if kind == "self" else (4, 6)
+    # One query position (a decoding step) takes `single_query_attention` on the fused path.
+    t, s = {"self": (5, 5), "cross": (4, 6), "one_query": (1, 6)}[kind]
     query, value = make_inputs(rng, t, s)
     if kind == "self":
         value = query
@@ -83,9 +84,10 @@ def test_implicit_key_padding_equals_explicit_mask(rng):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("scores", [False, True])
-def test_fully_masked_row_gives_zeros_not_nan(rng, dtype, scores):
-    query, value = make_inputs(rng, 3, 4)
-    mask = np.ones((2, 3, 4), bool)
+@pytest.mark.parametrize("t", [3, 1])
+def test_fully_masked_row_gives_zeros_not_nan(rng, dtype, scores, t):
+    query, value = make_inputs(rng, t, 4)
+    mask = np.ones((2, t, 4), bool)
     mask[1] = False  # the second sentence sees no key at all (an all-padding source)
     layer = MultiHeadAttention(NUM_HEADS, KEY_DIM, dtype=dtype)
     result = layer(query, value, attention_mask=mask, return_attention_scores=scores)
