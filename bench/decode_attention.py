@@ -209,8 +209,16 @@ def main(argv=None):
     if args.part_output:  # a child: one backend
         machine.write_json(args.part_output, run_backend(args))
         return
-    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
-    forwarded = _without_option(forwarded, "--backends")
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        parser.error(f"unknown backend(s) {unknown}; expected some of {BACKENDS}")
+    forwarded = [
+        "--config", args.config, "--batch", str(args.batch), "--source-length", str(args.source_length),
+        "--length", str(args.length), "--rounds", str(args.rounds), "--data-dir", args.data_dir,
+        "--split", args.split, "--task-rounds", str(args.task_rounds),
+    ]  # fmt: skip
+    if args.model_dir:
+        forwarded += ["--model-dir", args.model_dir]
     parts, failures = machine.run_per_backend(pathlib.Path(__file__), backends, forwarded)
     payload = {
         "benchmark": "decode_attention",
@@ -227,22 +235,6 @@ def main(argv=None):
     print(path)
     if failures:
         sys.exit(1)
-
-
-def _without_option(arguments, option):
-    """`arguments` without `option` and its value (either `--x v` or `--x=v`)."""
-    kept, skip = [], False
-    for argument in arguments:
-        if skip:
-            skip = False
-            continue
-        if argument == option:
-            skip = True
-            continue
-        if argument.startswith(option + "="):
-            continue
-        kept.append(argument)
-    return kept
 
 
 if __name__ == "__main__":
