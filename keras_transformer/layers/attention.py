@@ -9,6 +9,9 @@ from keras_transformer.layers import masks as masks_lib
 from keras_transformer.checks import check_bool, check_positive_int, check_rate
 from keras_transformer.layers.initializers import clone_initializer
 
+# A masked score: the finite float32 minimum, so a softmax over it never sees -inf - -inf.
+_LOWEST = float(-3.4e38)
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
@@ -279,7 +282,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # Softmax in float32: float16 logits lose the small probabilities otherwise.
         scores_32 = ops.cast(scores, "float32")
         if attention_mask is not None:
-            lowest = ops.convert_to_tensor(float(-3.4e38), "float32")  # finite float32 minimum
+            lowest = ops.convert_to_tensor(_LOWEST, "float32")
             scores_32 = ops.where(attention_mask[:, None, :, :], scores_32, lowest)
         return ops.cast(ops.softmax(scores_32, axis=-1), scores.dtype)
 
@@ -333,7 +336,7 @@ def single_query_attention(query, key, value, attention_mask, scale):
     scores = ops.sum(query * ops.cast(key, "float32"), axis=-1) * scale  # [B, S, N]
     if attention_mask is not None:
         mask = ops.cast(attention_mask, "bool")[:, 0, :, None]  # [B, S, 1]
-        scores = ops.where(mask, scores, ops.convert_to_tensor(float(-3.4e38), "float32"))
+        scores = ops.where(mask, scores, ops.convert_to_tensor(_LOWEST, "float32"))
     probabilities = ops.softmax(scores, axis=1)
     outputs = ops.sum(probabilities[..., None] * ops.cast(value, "float32"), axis=1, keepdims=True)
     return ops.cast(outputs, dtype)
