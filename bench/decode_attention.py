@@ -49,21 +49,11 @@ SPLIT_FILES = {"val": "val", "test2016": "test_2016_flickr"}
 @contextlib.contextmanager
 def attention_path(name):
     """Runs the block with single-query attention computed by `name` (see `PATHS`)."""
-    from keras import ops
-
     from keras_transformer.layers import attention
 
     shipped = attention.single_query_attention
-
-    def matmul(query, key, value, attention_mask, scale):
-        # What `MultiHeadAttention._fused_attention` does for longer queries.
-        mask = None
-        if attention_mask is not None:
-            mask = ops.cast(attention_mask, "bool")[:, None, :, :]
-            mask = ops.broadcast_to(mask, (ops.shape(query)[0], 1, 1, ops.shape(key)[1]))
-        return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
-
-    attention.single_query_attention = shipped if name == "reduce" else matmul
+    # "matmul": the batched matmul that every longer query takes.
+    attention.single_query_attention = shipped if name == "reduce" else attention.fused_attention
     try:
         yield
     finally:

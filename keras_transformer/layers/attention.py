@@ -254,7 +254,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if query.shape[1] == 1:  # a decoding step
                 outputs = single_query_attention(query, key, value, attention_mask, scale)
             else:
-                outputs = self._fused_attention(query, key, value, attention_mask, scale)
+                outputs = fused_attention(query, key, value, attention_mask, scale)
             scores = None
         else:
             scores = ops.einsum("btnh,bsnh->bnts", query, key) * ops.cast(scale, query.dtype)
@@ -268,15 +268,6 @@ class MultiHeadAttention(keras.layers.Layer):
             # [B, T, 1] -> [B, T, 1, 1] over [B, T, N, H].
             outputs = outputs * ops.cast(visible_rows[:, :, :, None], outputs.dtype)
         return outputs, scores
-
-    def _fused_attention(self, query, key, value, attention_mask, scale):
-        mask = None
-        if attention_mask is not None:
-            batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
-            key_length = ops.shape(key)[1]
-            # The fused op wants [B, N, T, S]; one head axis broadcasts over N.
-            mask = ops.broadcast_to(attention_mask[:, None, :, :], (batch, 1, query_length, key_length))
-        return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
 
     def _masked_softmax(self, scores, attention_mask):
         # Softmax in float32: float16 logits lose the small probabilities otherwise.
@@ -305,6 +296,21 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def fused_attention(query, key, value, attention_mask, scale):
+    """`keras.ops.dot_product_attention` of `[B, T, N, H]` queries over `[B, S, N, H]` keys/values.
+
+    `attention_mask` is None or boolean `[B, T, S]` (or `[1, T, S]`), True where a query
+    may attend.
+    """
+    mask = None
+    if attention_mask is not None:
+        batch, query_length = ops.shape(query)[0], ops.shape(query)[1]
+        key_length = ops.shape(key)[1]
+        # The fused op wants [B, N, T, S]; one head axis broadcasts over N.
+        mask = ops.broadcast_to(attention_mask[:, None, :, :], (batch, 1, query_length, key_length))
+    return ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
 
 
 def single_query_attention(query, key, value, attention_mask, scale):
