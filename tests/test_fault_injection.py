@@ -18,6 +18,7 @@ of the final rename, and a kill while Keras writes its backup.
 import concurrent.futures
 import json
 import os
+import queue
 import random
 import shutil
 import signal
@@ -42,8 +43,8 @@ STEPS_PER_EPOCH, EPOCHS = 4, 3
 KILL_KINDS = ("tokenizer", "step", "weights_write", "model_write", "rename")
 # One killed run per seed, each seed a kind of kill (KILL_KINDS[seed]) at a position drawn
 # from it; even seeds train into a new directory, odd ones replace a finished run. Each
-# child process (PyTorch, eager) costs a few seconds, mostly imports: 5 kills and 5 resumes,
-# two at a time.
+# child process (PyTorch, eager, forked from a process that has imported everything: see
+# ZYGOTE) costs ~2 s: 5 kills and 5 resumes, two at a time.
 SEEDS = (0, 1, 2, 3, 4)
 _LOADING = threading.Lock()  # Keras loads one model at a time: the chains run in two threads
 
@@ -313,13 +314,71 @@ def finished_run(tmp_path_factory):
     return base, corpus, result.model_dir, len(counted)
 
 
-def _child(spec, env):
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=300
-    )
+# Each child is forked from a "zygote": a process that imported Keras, PyTorch, TensorFlow
+# and the package once, then forks a child per request. A fresh interpreter per child spent
+# ~12 of its ~14 s on those imports; a fork starts in milliseconds. The child is still a
+# process of its own (killed with SIGKILL, its exit status read by the zygote's waitpid).
+# Written here rather than with multiprocessing's forkserver: that one is a process-wide
+# singleton, started with the parent's environment, that outlives the test.
+ZYGOTE = textwrap.dedent(
+    """
+    import json, os, signal, sys, traceback
+    import keras, tensorflow  # the child's imports, done once (its tokenizer uses TensorFlow)
+    from keras_transformer.train import run
+    child_source = sys.stdin.readline()  # the first line: CHILD, as JSON
+    child = compile(json.loads(child_source), "<child>", "exec")
+    print("ready", flush=True)
+    for request in sys.stdin:
+        request = json.loads(request)
+        pid = os.fork()
+        if pid == 0:  # the child: its output goes to its log, its exit status to waitpid
+            log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(log, 1), os.dup2(log, 2)
+            signal.alarm(300)  # a hung child dies with SIGALRM, which the test reports
+            sys.argv, code = ["-c", json.dumps(request["spec"])], 0
+            try:
+                exec(child, {"__name__": "__main__"})
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+    """
+)
 
 
-def _kill_chain(seed, base, corpus, old_run, renames):
+class Zygote:
+    """A zygote process: `run(spec, log)` forks a child that runs CHILD with `spec`."""
+
+    def __init__(self, env):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.process.stdin.write(json.dumps(CHILD) + "\n")
+        self.process.stdin.flush()
+        self.ready = False  # read at the first request: zygotes started together import side by side
+
+    def run(self, spec, log):
+        """Returns `(exit status, output)`: negative for a signal, as `subprocess` gives it."""
+        if not self.ready:
+            assert self.process.stdout.readline() == "ready\n", "the zygote did not start"
+            self.ready = True
+        self.process.stdin.write(json.dumps({"spec": spec, "log": str(log)}) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        assert answer, "the zygote died"
+        return json.loads(answer), log.read_text()
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def _kill_chain(seed, base, corpus, old_run, renames, zygote):
     """One seed: a run killed once, then the same run again, to its end. Returns its figures."""
     replacing = seed % 2 == 1
     output_dir = base / f"seed_{seed}"
@@ -329,21 +388,17 @@ def _kill_chain(seed, base, corpus, old_run, renames):
         shutil.copytree(old_run, model_dir)
     old, old_bytes = tree_digest(model_dir), tree_bytes(model_dir)
     settings = _run_settings(output_dir, corpus, seed=1, overwrite=replacing)
-    env = {
-        **os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": "torch",
-        "TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
-    }
     figures = {"kills": 0, "not_reached": 0, "kept_old": 0, "new_whole": 0, "mid_swap": 0, "broken": 0, "bytes_lost": 0, "log": []}
-    for kill in (_kill_point(seed, renames + (1 if replacing else 0)), {}):
+    for number, kill in enumerate((_kill_point(seed, renames + (1 if replacing else 0)), {})):
         started = time.monotonic()
-        child = _child({**kill, "config": settings}, env)
+        returncode, output = zygote.run({**kill, "config": settings}, base / f"seed_{seed}_{number}.log")
         seconds = time.monotonic() - started
-        if child.returncode == -signal.SIGKILL:
+        if returncode == -signal.SIGKILL:
             figures["kills"] += 1
         elif kill:
             figures["not_reached"] += 1  # the run ended before that point
-        finished = child.returncode == 0 or (child.returncode == 3 and "already holds a finished run" in child.stdout)
-        assert child.returncode == -signal.SIGKILL or finished, child.stdout[-2000:] + child.stderr[-3000:]
+        finished = returncode == 0 or (returncode == 3 and "already holds a finished run" in output)
+        assert returncode == -signal.SIGKILL or finished, output[-5000:]
         with _LOADING:
             state = _directory_state(model_dir, old)
         if state == "lost":  # neither the earlier run nor the new one: counted, then failed below
@@ -353,7 +408,7 @@ def _kill_chain(seed, base, corpus, old_run, renames):
         else:
             figures[_OUTCOMES[state]] += 1
         figures["log"].append(
-            f"seed {seed}, {kill or 'no kill'}: exit {child.returncode} after {seconds:.0f} s; the directory: {state}"
+            f"seed {seed}, {kill or 'no kill'}: exit {returncode} after {seconds:.0f} s; the directory: {state}"
         )
     assert finished and state == "new run", figures["log"]
     with _LOADING:
@@ -388,8 +443,27 @@ def _directory_state(model_dir, old):
 )
 def test_runs_killed_at_random_points_leave_a_whole_directory_and_resume_to_the_end(finished_run, capsys):
     base, corpus, old_run, renames = finished_run
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two children at a time: two cores
-        results = list(pool.map(lambda seed: _kill_chain(seed, base, corpus, old_run, renames), SEEDS))
+    env = {
+        **os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": "torch",
+        "TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
+    }
+    zygotes = queue.Queue()  # two children at a time: two cores
+    for _ in range(2):
+        zygotes.put(Zygote(env))
+
+    def chain(seed):
+        zygote = zygotes.get()
+        try:
+            return _kill_chain(seed, base, corpus, old_run, renames, zygote)
+        finally:
+            zygotes.put(zygote)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(chain, SEEDS))
+    finally:
+        while not zygotes.empty():
+            zygotes.get().close()
     keys = ("kills", "not_reached", "kept_old", "new_whole", "mid_swap", "broken", "bytes_lost")
     totals = {key: sum(r[key] for r in results) for key in keys}
     with capsys.disabled():
