@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from conftest import once_on
 
-from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.pipeline import _TOKENIZE_BATCH_SIZE, make_dataset
 from keras_transformer.data.tokenizer import train_tokenizer
 from keras_transformer.special_tokens import EOS_ID, PAD_ID
 
@@ -88,7 +88,7 @@ def test_a_float_samples_both_sides(tokenizer):
     assert len({row[0] for row in rows}) > 1 and len({row[2] for row in rows}) > 1
 
 
-@once_on("torch", "tf.data and sentencepiece only, the same under every backend (30 passes of sampling, 12-20 s)")
+@once_on("torch", "tf.data and sentencepiece only, the same under every backend (30 passes of sampling)")
 def test_sampled_pairs_over_max_length_are_dropped_and_the_stream_goes_on(tokenizer):
     # Each word one piece: PAIR's 6 + EOS = 7 tokens fit max_length 7 unsampled, and a draw
     # that skips any of its words' ~40 merges does not (at alpha 0.05, about 4 draws in 5).
@@ -108,6 +108,29 @@ def test_sampled_pairs_over_max_length_are_dropped_and_the_stream_goes_on(tokeni
     alone, _ = make_dataset([PAIR] * 2, tokenizer, max_length=7, tokens_per_batch=64, repeat=True,
                             subword_sampling=(0.1, 0.0))
     assert len(list(alone.take(3))) == 3
+
+
+def test_the_first_sampled_batch_comes_after_about_one_pass_over_the_pairs(tokenizer):
+    # The sampled stream is endless, so a batch shuffle buffer larger than an epoch would
+    # be filled from many passes before the first batch (the default 1,024 batches: 138
+    # passes here). It holds one epoch's batches, as a finite epoch's shuffle does. The
+    # pipeline also reads ahead one tokenizing batch of pairs (28 passes here).
+    pairs = [(sentence, sentence) for sentence in SENTENCES[:40]]
+    reads = []
+
+    def counted():
+        for pair in pairs:
+            reads.append(1)
+            yield pair
+
+    spec = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string))
+    dataset, stats = make_dataset(tf.data.Dataset.from_generator(counted, output_signature=spec), tokenizer,
+                                  max_length=64, tokens_per_batch=64, cache=False, repeat=True,
+                                  subword_sampling=0.1)
+    assert stats.kept == len(pairs) and 4 <= stats.num_batches < 1024 // 10
+    del reads[:]  # the counting pass
+    next(iter(dataset))
+    assert len(reads) <= _TOKENIZE_BATCH_SIZE + 4 * len(pairs), f"{len(reads) / len(pairs):.1f} passes read"
 
 
 class _NoSampling:

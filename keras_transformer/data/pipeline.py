@@ -423,7 +423,8 @@ def make_dataset(
             `steps_per_epoch`, e.g. `stats.num_batches`).
         shuffle_buffer_size: int, examples in the shuffle buffer; default all
             kept examples (a full shuffle).
-        batch_shuffle_buffer_size: int, batches in the batch shuffle buffer.
+        batch_shuffle_buffer_size: int, batches in the batch shuffle buffer (with
+            `subword_sampling`, at most one epoch's: `stats.num_batches`).
         vocab_size: int, the model's vocabulary size: every id is checked to lie
             in `[0, vocab_size)` while the data is counted, before any batch is
             made, and a tokenizer whose `vocab_size` is larger is refused at once.
@@ -520,9 +521,14 @@ def make_dataset(
     if shuffle:
         # Bucketing emits batches in runs of similar length; mix them up again.
         # The seed differs from the example shuffle's so the two are independent.
-        batches = batches.shuffle(
-            batch_shuffle_buffer_size, seed=seed + 1, reshuffle_each_iteration=True
-        )
+        buffer = batch_shuffle_buffer_size
+        if any(sampling):
+            # The sampled stream never ends, so a buffer larger than an epoch would be
+            # filled from several epochs before the first batch (1,024 batches: ~100
+            # passes over a 1,000-pair corpus, 9 s of sampling before the first step).
+            # One epoch's batches mix as much as a finite epoch's shuffle does.
+            buffer = min(buffer, stats.num_batches)
+        batches = batches.shuffle(buffer, seed=seed + 1, reshuffle_each_iteration=True)
     if any(sampling):
         # The number of batches changes with each epoch's segmentation: no cardinality
         # to assert (the stream is endless), and the caller's steps_per_epoch says what
