@@ -22,7 +22,6 @@ import queue
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -32,6 +31,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_config, tree_digest
+from zygote import Zygote
 
 import keras_transformer as kt
 from keras_transformer.model import directory as model_directory
@@ -43,8 +43,8 @@ STEPS_PER_EPOCH, EPOCHS = 4, 3
 KILL_KINDS = ("tokenizer", "step", "weights_write", "model_write", "rename")
 # One killed run per seed, each seed a kind of kill (KILL_KINDS[seed]) at a position drawn
 # from it; even seeds train into a new directory, odd ones replace a finished run. Each
-# child process (PyTorch, eager, forked from a process that has imported everything: see
-# ZYGOTE) costs ~2 s: 5 kills and 5 resumes, two at a time.
+# child process (PyTorch, eager, forked from a process that has imported everything:
+# tests/zygote.py) costs ~2 s: 5 kills and 5 resumes, two at a time.
 SEEDS = (0, 1, 2, 3, 4)
 _LOADING = threading.Lock()  # Keras loads one model at a time: the chains run in two threads
 
@@ -314,70 +314,6 @@ def finished_run(tmp_path_factory):
     return base, corpus, result.model_dir, len(counted)
 
 
-# Each child is forked from a "zygote": a process that imported Keras, PyTorch, TensorFlow
-# and the package once, then forks a child per request. A fresh interpreter per child spent
-# ~12 of its ~14 s on those imports; a fork starts in milliseconds. The child is still a
-# process of its own (killed with SIGKILL, its exit status read by the zygote's waitpid).
-# Written here rather than with multiprocessing's forkserver: that one is a process-wide
-# singleton, started with the parent's environment, that outlives the test.
-ZYGOTE = textwrap.dedent(
-    """
-    import json, os, signal, sys, traceback
-    import keras, tensorflow  # the child's imports, done once (its tokenizer uses TensorFlow)
-    from keras_transformer.train import run
-    child_source = sys.stdin.readline()  # the first line: CHILD, as JSON
-    child = compile(json.loads(child_source), "<child>", "exec")
-    print("ready", flush=True)
-    for request in sys.stdin:
-        request = json.loads(request)
-        pid = os.fork()
-        if pid == 0:  # the child: its output goes to its log, its exit status to waitpid
-            log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(log, 1), os.dup2(log, 2)
-            signal.alarm(300)  # a hung child dies with SIGALRM, which the test reports
-            sys.argv, code = ["-c", json.dumps(request["spec"])], 0
-            try:
-                exec(child, {"__name__": "__main__"})
-            except SystemExit as exit:
-                code = exit.code if isinstance(exit.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
-    """
-)
-
-
-class Zygote:
-    """A zygote process: `run(spec, log)` forks a child that runs CHILD with `spec`."""
-
-    def __init__(self, env):
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.process.stdin.write(json.dumps(CHILD) + "\n")
-        self.process.stdin.flush()
-        self.ready = False  # read at the first request: zygotes started together import side by side
-
-    def run(self, spec, log):
-        """Returns `(exit status, output)`: negative for a signal, as `subprocess` gives it."""
-        if not self.ready:
-            assert self.process.stdout.readline() == "ready\n", "the zygote did not start"
-            self.ready = True
-        self.process.stdin.write(json.dumps({"spec": spec, "log": str(log)}) + "\n")
-        self.process.stdin.flush()
-        answer = self.process.stdout.readline()
-        assert answer, "the zygote died"
-        return json.loads(answer), log.read_text()
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
-
-
 def _kill_chain(seed, base, corpus, old_run, renames, zygote):
     """One seed: a run killed once, then the same run again, to its end. Returns its figures."""
     replacing = seed % 2 == 1
@@ -391,7 +327,9 @@ def _kill_chain(seed, base, corpus, old_run, renames, zygote):
     figures = {"kills": 0, "not_reached": 0, "kept_old": 0, "new_whole": 0, "mid_swap": 0, "broken": 0, "bytes_lost": 0, "log": []}
     for number, kill in enumerate((_kill_point(seed, renames + (1 if replacing else 0)), {})):
         started = time.monotonic()
-        returncode, output = zygote.run({**kill, "config": settings}, base / f"seed_{seed}_{number}.log")
+        returncode, output = zygote.run(
+            CHILD, ["child", json.dumps({**kill, "config": settings})], base / f"seed_{seed}_{number}.log"
+        )
         seconds = time.monotonic() - started
         if returncode == -signal.SIGKILL:
             figures["kills"] += 1

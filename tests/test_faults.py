@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 from conftest import once_on, tiny_config, to_numpy, tree_digest
 from tiny_reliability import greedy_export, tiny_dir  # noqa: F401  (session fixtures)
+from zygote import Zygote
 
 import keras_transformer as kt
 from keras_transformer import atomic
@@ -311,41 +311,34 @@ TRAIN_SCRIPT = textwrap.dedent(
 @once_on("torch", "the backup and resume are files and callbacks, the same on every backend; the "
                   "killed child and the run beside it train eagerly there, with no step to trace")
 def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp_path):
-    script = tmp_path / "train_child.py"
-    script.write_text(TRAIN_SCRIPT)
     model_dir, marker = tmp_path / "run", tmp_path / "paused"
-    # One thread each: the killed run and the reference train at once, on two cores.
+    # One thread each: the killed run and the reference train at once, on two cores. Each
+    # is a process of its own, forked from a zygote that has only imported the package:
+    # this session's earlier tests leave state (seed generators, policies) that a rerun
+    # would not have.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": keras.backend.backend(),
            "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(script), str(model_dir)]
-    child = subprocess.Popen(command + [str(marker)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    # Meanwhile, the run that is never killed, in a fresh process too: this session's
-    # earlier tests leave state (seed generators, policies) that a rerun would not have.
-    reference_dir = tmp_path / "uninterrupted"
-    reference = subprocess.Popen([sys.executable, str(script), str(reference_dir)], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+    script, reference_dir = "train_child.py", tmp_path / "uninterrupted"
+    with Zygote(env) as zygote:
+        child = zygote.start(TRAIN_SCRIPT, [script, model_dir, marker], tmp_path / "killed.log")
+        # Meanwhile, the run that is never killed.
+        reference = zygote.start(TRAIN_SCRIPT, [script, reference_dir], tmp_path / "reference.log")
+        deadline, status = time.monotonic() + 300, None
+        while not marker.exists() and status is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert marker.exists(), child.communicate()[0].decode()[-3000:]
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=60)
-        reference_output = reference.communicate(timeout=300)[0].decode()
-        assert reference.returncode == 0, reference_output[-3000:]
-    finally:
-        for process in (child, reference):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert child.returncode == -signal.SIGKILL
-    # Killed mid-epoch 2: the backup holds epoch 1, the one finished epoch.
-    with open(model_dir / model_directory.BACKUP_DIR / "training_metadata.json") as file:
-        assert json.load(file)["epoch"] == 1
-    assert sorted(os.listdir(model_dir / model_directory.CHECKPOINT_DIR)) == ["epoch_001.weights.h5"]
+            status = zygote.poll(child)
+        assert marker.exists(), (tmp_path / "killed.log").read_text()[-3000:]
+        os.kill(child, signal.SIGKILL)
+        child_status = zygote.wait(child)
+        assert zygote.wait(reference) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+        assert child_status == -signal.SIGKILL
+        # Killed mid-epoch 2: the backup holds epoch 1, the one finished epoch.
+        with open(model_dir / model_directory.BACKUP_DIR / "training_metadata.json") as file:
+            assert json.load(file)["epoch"] == 1
+        assert sorted(os.listdir(model_dir / model_directory.CHECKPOINT_DIR)) == ["epoch_001.weights.h5"]
 
-    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+        resumed, output = zygote.run(TRAIN_SCRIPT, [script, model_dir], tmp_path / "resumed.log")
+        assert resumed == 0, output[-3000:]
     with open(model_dir / "child.json") as file:
         assert json.load(file) == {"epochs": [1, 2], "steps": 8}  # epochs 2 and 3 again, from their start
     with open(reference_dir / "child.json") as file:
