@@ -75,6 +75,7 @@ class Zygote:
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         self.ready = False  # read at the first request, so that zygotes started together import side by side
+        self.statuses = {}  # pid -> exit status of the children reaped already
 
     def _ask(self, **request):
         if not self.ready:
@@ -91,12 +92,19 @@ class Zygote:
         return self._ask(op="start", source=source, argv=[str(a) for a in argv], log=str(log), timeout=timeout)
 
     def poll(self, pid):
-        """The child's exit status, or None while it runs (reaped once: then ask no more)."""
-        return self._ask(op="poll", pid=pid)
+        """The child's exit status, or None while it runs."""
+        if pid not in self.statuses:
+            status = self._ask(op="poll", pid=pid)
+            if status is None:
+                return None
+            self.statuses[pid] = status  # waitpid reaps a child once: keep its status for `wait`
+        return self.statuses[pid]
 
     def wait(self, pid):
         """The child's exit status, as `subprocess` gives it: negative for a signal."""
-        return self._ask(op="wait", pid=pid)
+        if pid not in self.statuses:
+            self.statuses[pid] = self._ask(op="wait", pid=pid)
+        return self.statuses[pid]
 
     def run(self, source, argv, log, timeout=300):
         """Runs a child to its end: `(exit status, its output)`."""
