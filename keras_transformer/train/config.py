@@ -45,11 +45,11 @@ class TrainingConfig:
     # (estimate_total_steps=True, which run_training passes with max_train_seconds).
     total_steps: typing.Optional[int] = None
     # "adam": the paper's (5.3). "muon": Muon (Jordan et al., 2024; Keras' own
-    # `keras.optimizers.Muon`), which replaces each 2-D kernel's momentum by its nearest
-    # orthogonal matrix (5 Newton-Schulz iterations) and scales that to Adam's update size
+    # `keras.optimizers.Muon`), which replaces each 2-D kernel's momentum by roughly its
+    # nearest orthogonal matrix (5 Newton-Schulz iterations) and scales that to Adam's update size
     # (Liu et al., 2025), so the schedule, learning rate and weight decay stay Adam's.
     # Embeddings, the untied output projection, biases and norms take AdamW's step with
-    # the adam_* values below. Changes only the optimizer, not the model or its files.
+    # the adam_* values below. The architecture and its weights do not depend on it.
     optimizer: str = "adam"
     adam_beta_1: float = 0.9  # (5.3)
     adam_beta_2: float = 0.98  # (5.3)
