@@ -33,7 +33,8 @@ $(STAMP): pyproject.toml constraints.txt
 # behaviour run in one session only (tests/conftest.py's once_on), and JAX compiles the
 # tiny test models with LLVM's cheapest code generation and XLA:CPU's older emitters,
 # which compile faster (tests/conftest.py).
-# Every line is prefixed with its session; each session's summary is repeated at the end.
+# Every line is prefixed with its session; each session's summary, and every FAILED or
+# ERROR line of pytest's short summary, is repeated at the end, where CI's tail shows it.
 # PyTorch's parts, taken longest first so that the last one taken is the shortest (on
 # that Xeon: 146, 143 and 110 s): every file not named below, then the killed-run chains
 # and the docs' examples, then the heaviest other files.
@@ -78,6 +79,9 @@ test: $(STAMP)
 	  esac; \
 	  echo "=== KERAS_BACKEND=$$label: $$(tail -n 1 .test-logs/$$name.log) (exit $$code, $${seconds}s) ==="; \
 	  [ "$$code" = 0 ] || status=1; \
+	done; \
+	for name in $$names; do \
+	  grep -a -E "^(FAILED|ERROR) " .test-logs/$$name.log 2>/dev/null | cut -c1-400 | sed "s/^/[$$name] /"; \
 	done; \
 	exit $$status
 
