@@ -112,9 +112,12 @@ def test_sampled_pairs_over_max_length_are_dropped_and_the_stream_goes_on(tokeni
 
 def test_the_first_sampled_batch_comes_after_about_one_pass_over_the_pairs(tokenizer):
     # The sampled stream is endless, so a batch shuffle buffer larger than an epoch would
-    # be filled from many passes before the first batch (the default 1,024 batches: 138
-    # passes here). It holds one epoch's batches, as a finite epoch's shuffle does. The
-    # pipeline also reads ahead one tokenizing batch of pairs (28 passes here).
+    # be filled from many passes before the first batch. It holds one epoch's batches, as
+    # a finite epoch's shuffle does. Asked for 20,000 batches, a buffer that big would read
+    # ~2,700 passes here (~108,000 pairs). The pipeline also reads ahead whole tokenizing
+    # batches of 1,024 pairs (25.6 passes each), as many as tf.data's autotuned map runs at
+    # once: how far it gets depends on the machine's speed (a fast one read 1,200 pairs, a
+    # slow one under 1,184), so the bound allows four such batches.
     pairs = [(sentence, sentence) for sentence in SENTENCES[:40]]
     reads = []
 
@@ -124,13 +127,16 @@ def test_the_first_sampled_batch_comes_after_about_one_pass_over_the_pairs(token
             yield pair
 
     spec = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string))
+    buffer = 20_000
     dataset, stats = make_dataset(tf.data.Dataset.from_generator(counted, output_signature=spec), tokenizer,
                                   max_length=64, tokens_per_batch=64, cache=False, repeat=True,
-                                  subword_sampling=0.1)
-    assert stats.kept == len(pairs) and 4 <= stats.num_batches < 1024 // 10
+                                  subword_sampling=0.1, batch_shuffle_buffer_size=buffer)
+    assert stats.kept == len(pairs) and 4 <= stats.num_batches < 10
     del reads[:]  # the counting pass
     next(iter(dataset))
-    assert len(reads) <= _TOKENIZE_BATCH_SIZE + 4 * len(pairs), f"{len(reads) / len(pairs):.1f} passes read"
+    bound = 4 * _TOKENIZE_BATCH_SIZE + 4 * len(pairs)
+    assert bound < buffer / stats.num_batches * len(pairs) / 20  # the bug would read 20x the bound
+    assert len(reads) <= bound, f"{len(reads) / len(pairs):.1f} passes read"
 
 
 class _NoSampling:
