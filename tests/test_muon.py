@@ -34,6 +34,7 @@ def test_muon_is_built_from_the_training_config():
     assert isinstance(optimizer, keras.optimizers.Muon)
     assert (optimizer.adam_beta_1, optimizer.adam_beta_2, optimizer.epsilon) == (0.8, 0.97, 1e-7)
     assert optimizer.clipnorm == 1.5
+    assert optimizer.adam_lr_ratio == 1.0  # the AdamW-stepped weights follow the schedule too
     assert (optimizer.weight_decay, optimizer.adam_weight_decay) == (0.1, 0.1)
     assert isinstance(optimizer._learning_rate, TransformerSchedule)
     assert optimizer._learning_rate.warmup_steps == 4

@@ -148,6 +148,10 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
             adam_beta_1=training_config.adam_beta_1,
             adam_beta_2=training_config.adam_beta_2,
             epsilon=training_config.adam_epsilon,
+            # The schedule's rate for the AdamW-stepped weights too (Keras' default today;
+            # said here so that it cannot change under the recipe): Muon's 0.2 * sqrt(max(n, m))
+            # scaling already matches its update's size to AdamW's.
+            adam_lr_ratio=1.0,
             clipnorm=training_config.clipnorm,
             # Muon's two decays: on its own kernels and on the AdamW-stepped rest.
             weight_decay=weight_decay,
