@@ -169,15 +169,16 @@ def test_shipped_configs_parse(name):
         assert (model.attention_dropout, model.activation_dropout) == (0.0, 0.0)
         # AdamW: +0.77 val on a slower machine; en->de inherits it (the config's comment)
         assert config.training_config().weight_decay == 0.1
-    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search, batch, warmup, dropouts
+    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search and dropouts
         recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
-            tokens_per_batch=2048, training={**recipe.training, "warmup_steps": 400},
             model={**recipe.model, "attention_dropout": 0.1, "activation_dropout": 0.1},
         )
         assert config == reversed_recipe
-        assert config.training_config().weight_decay == 0.1  # inherited
+        # inherited: weight decay and de->en's batch (1,024 tokens, 800 warmup steps)
+        assert config.training_config().weight_decay == 0.1
+        assert (config.tokens_per_batch, config.training_config().warmup_steps) == (1024, 800)
     if name == "base":
         assert (model.d_model, model.num_encoder_layers, model.vocab_size) == (512, 6, 37000)
         assert config.keep_checkpoints == 5
