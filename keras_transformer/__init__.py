@@ -32,6 +32,7 @@ from keras_transformer.inference.ensemble import Ensemble, load_checkpoint_ensem
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
 from keras_transformer.train.compile import compile_transformer  # noqa: E402
 from keras_transformer.train.config import TrainingConfig  # noqa: E402
+from keras_transformer.train.fused_adam import FusedAdam  # noqa: E402
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy  # noqa: E402
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: E402
 from keras_transformer.train.budget_schedule import BudgetSchedule  # noqa: E402
@@ -81,6 +82,7 @@ __all__ = [
     "load_checkpoint_ensemble",
     "TrainingConfig",
     "compile_transformer",
+    "FusedAdam",
     "TransformerSchedule",
     "BudgetSchedule",
     "StepBudgetEstimator",

@@ -12,6 +12,7 @@ import keras
 from keras_transformer import checks
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.train.accumulation import PerUpdateSchedule, keras_accumulation_steps
+from keras_transformer.train.fused_adam import FusedAdam
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.precision import loss_scaled_optimizer
@@ -107,7 +108,8 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
     learning rate is `make_schedule(d_model, training_config)`. `clipnorm`, when set,
     clips each gradient's norm, and `weight_decay` > 0 makes it AdamW (decoupled weight
     decay on every weight: `w -= learning_rate * weight_decay * w` before each update);
-    both are departures from the paper, off by default.
+    both are departures from the paper, off by default. On TensorFlow the Adam is
+    `FusedAdam`: Keras' Adam, its update one fused kernel per weight.
     `training_config.optimizer = "muon"` gives `keras.optimizers.Muon` on the same
     schedule, clipping and weight decay: each 2-D kernel of attention and the
     feed-forward networks steps along the orthogonalized Nesterov momentum (momentum
@@ -127,7 +129,8 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
             decay is estimated during `fit` by a `StepBudgetEstimator`. Default False.
 
     Returns:
-        `keras.optimizers.Adam`, or `keras.optimizers.Muon` for `optimizer="muon"`.
+        `keras.optimizers.Adam` (`FusedAdam`, a subclass, on TensorFlow), or
+        `keras.optimizers.Muon` for `optimizer="muon"`.
 
     Example:
     >>> make_optimizer(64).beta_2
@@ -159,7 +162,10 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
             exclude_layers=list(MUON_ADAMW_LAYERS),
             gradient_accumulation_steps=accumulation,
         )
-    return keras.optimizers.Adam(
+    # PyTorch's Keras Adam already updates all weights at once (torch._foreach ops), which
+    # a subclass would not inherit; JAX compiles the update into the step either way.
+    adam = FusedAdam if keras.backend.backend() == "tensorflow" else keras.optimizers.Adam
+    return adam(
         learning_rate=schedule,
         beta_1=training_config.adam_beta_1,
         beta_2=training_config.adam_beta_2,
