@@ -129,12 +129,12 @@ def main(argv=None):
     print(
         machine.grouped_bar_chart(
             pathlib.Path(args.output).with_suffix(".png"),
-            f"{payload['config']}: Adam's update alone and the whole training step, ms "
-            f"({payload['step_speedup']:.3f}x the updates in a budget)",
+            f"Adam's update and the training step ({payload['step_speedup']:.3f}x the updates)",
             "milliseconds (best round)",
             ["optimizer.apply", "training step"],
             {label: [apply_best[label] * 1000, seconds_per_step[label] * 1000] for label in models},
-            note=f"{info['cpu_model']}, {info['usable_cores']} cores, TensorFlow; {payload['parameters']:,} weights, "
+            note=f"{payload['config']}; {info['cpu_model']}, {info['usable_cores']} cores, TensorFlow; "
+            f"{payload['parameters']:,} weights, "
             f"clipnorm {training.clipnorm}, weight decay {training.weight_decay}",
         )
     )
