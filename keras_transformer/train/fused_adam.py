@@ -7,8 +7,9 @@ CPU, where TensorFlow's own `ResourceApplyAdam` kernel (the one
 `tf.compat.v1.train.AdamOptimizer` used) does the same arithmetic in one pass in 10 ms.
 Decoupled weight decay is one scaled subtraction per weight with the learning rate read
 once, where Keras' reads the schedule again for every weight. With the recipe's clipping
-and weight decay the whole update takes 19 ms against 36-39, and the training step 4-8%
-less time (`bench/optimizer_speed.py`).
+and weight decay the whole update takes 19-21 ms against 36-40, and the training step 2-8%
+less time (`bench/optimizer_speed.py`): less than the update saves, as TensorFlow already
+overlaps some of it with the backward pass.
 
 The arithmetic is Keras' Adam's, term for term:
 `m += (g - m)(1 - beta_1)`, `v += (g^2 - v)(1 - beta_2)`,
@@ -23,6 +24,7 @@ variables and the JAX and PyTorch backends take Keras' own `update_step`, unchan
 `make_optimizer` gives it on TensorFlow only: on PyTorch, `keras.optimizers.Adam` is
 Keras' faster PyTorch Adam (all weights at once, `torch._foreach` ops), which a subclass
 does not become.
+
 This module itself imports `keras` only: TensorFlow is imported on the TensorFlow
 backend, when the first update is traced.
 """
