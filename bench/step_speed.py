@@ -63,6 +63,16 @@ def shapes(tokens_per_batch):
     return [(tokens_per_batch // length, length) for length in LENGTHS]
 
 
+def random_batches(tokens_per_batch, vocab_size, seed=0):
+    """One `(inputs, labels)` batch of random ordinary ids for each of `shapes(tokens_per_batch)`."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for rows, length in shapes(tokens_per_batch):
+        ids = rng.integers(4, vocab_size, size=(rows, length)).astype("int32")
+        batches.append(({"encoder_inputs": ids, "decoder_inputs": ids}, ids))
+    return batches
+
+
 def build_variant(run_config, batches):
     """The run config's model, compiled as `kt-train` compiles it, every batch shape traced."""
     keras.utils.set_random_seed(0)
@@ -92,11 +102,7 @@ def main(argv=None):
         parser.error(str(error))
     base = RunConfig.from_toml(args.config, overrides=args.set)
     batch_shapes = shapes(base.tokens_per_batch)
-    rng = np.random.default_rng(0)
-    batches = []
-    for rows, length in batch_shapes:
-        ids = rng.integers(4, base.vocab_size, size=(rows, length)).astype("int32")
-        batches.append(({"encoder_inputs": ids, "decoder_inputs": ids}, ids))
+    batches = random_batches(base.tokens_per_batch, base.vocab_size)
     models = {label: build_variant(base.with_overrides(assignments), batches) for label, assignments in variants}
     best = {label: float("inf") for label in models}
     for round_ in range(args.rounds):

@@ -1,8 +1,9 @@
 """FusedAdam computes Keras' Adam: the same weights after the same steps, on every backend.
 
 On TensorFlow its update is one `ResourceApplyAdam` kernel per weight; elsewhere it is
-Keras' own update, so there the comparisons hold trivially and the TensorFlow-only test
-(that the fused kernel is what runs) is skipped.
+Keras' generic `Adam.update_step`, compared here with `keras.optimizers.Adam` (on PyTorch,
+Keras' own `torch._foreach` Adam), and the TensorFlow-only test (that the fused kernel is
+what runs) is skipped.
 """
 
 import keras
