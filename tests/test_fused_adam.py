@@ -65,6 +65,34 @@ def test_the_fused_kernel_is_what_runs_on_tensorflow(monkeypatch):
         run_steps(kt.FusedAdam(1e-3, amsgrad=True), weights, gradients)
 
 
+def test_clipnorm_clips_as_keras_does_below_at_and_above_the_norm():
+    """Steps whose gradients sit under, over and at zero norm: Adam's moments see the clipped sizes."""
+    weights, gradients = weights_and_gradients(seed=2)
+    scales = [0.01, 1.0, 0.0, 0.05, 2.0, 0.02]  # norms from ~0.05 to ~20 against clipnorm 0.5
+    gradients = [[g * scale for g in step] for step, scale in zip(gradients, scales)]
+    for options in ({"clipnorm": 0.5}, {"clipnorm": 0.5, "weight_decay": 0.1}):
+        expected = run_steps(keras.optimizers.Adam(1e-2, **ADAM_ARGS, **options), weights, gradients)
+        got = run_steps(kt.FusedAdam(1e-2, **ADAM_ARGS, **options), weights, gradients)
+        unclipped = run_steps(kt.FusedAdam(1e-2, **ADAM_ARGS), weights, gradients)
+        for want, have, loose in zip(expected, got, unclipped):
+            np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
+            assert np.abs(loose - want).max() > 1e-3  # clipping changed the steps
+
+
+def test_clipnorm_is_one_vector_of_norms_on_tensorflow(monkeypatch):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the vectorised clipping is TensorFlow's; other backends clip as Keras does")
+
+    def keras_clip(*args, **kwargs):
+        raise AssertionError("Keras' per-gradient clip ran")
+
+    monkeypatch.setattr(keras.optimizers.Adam, "_clip_by_norm", keras_clip)
+    weights, gradients = weights_and_gradients(steps=2)
+    run_steps(kt.FusedAdam(1e-3, clipnorm=1.0, **ADAM_ARGS), weights, gradients)
+    with pytest.raises(AssertionError, match="per-gradient clip ran"):
+        run_steps(keras.optimizers.Adam(1e-3, clipnorm=1.0, **ADAM_ARGS), weights, gradients)
+
+
 def fit_weights(optimizer, weights, inputs, labels):
     model = kt.build_transformer(tiny_config())
     model.set_weights(weights)
