@@ -7,7 +7,7 @@ CPU, where TensorFlow's own `ResourceApplyAdam` kernel (the one
 `tf.compat.v1.train.AdamOptimizer` used) does the same arithmetic in one pass in 10 ms.
 Decoupled weight decay is one scaled subtraction per weight with the learning rate read
 once, where Keras' reads the schedule again for every weight. With the recipe's clipping
-and weight decay the whole update takes 19-21 ms against 36-40, and the training step 2-8%
+and weight decay the whole update takes 18 ms against 36-43, and the training step 2-8%
 less time (`bench/optimizer_speed.py`): less than the update saves, as TensorFlow already
 overlaps some of it with the backward pass.
 
