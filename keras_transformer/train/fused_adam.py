@@ -44,8 +44,9 @@ class FusedAdam(keras.optimizers.Adam):
     Takes exactly `keras.optimizers.Adam`'s arguments and computes the same update
     (to float32 rounding). On TensorFlow, each dense weight's update is TensorFlow's
     fused `ResourceApplyAdam` kernel, `clipnorm` computes all the gradients' norms as
-    one vector, and decoupled weight decay reads the learning rate once a step; elsewhere (JAX, PyTorch, AMSGrad, sparse gradients, a
-    `tf.distribute` strategy) it is Keras' Adam.
+    one vector, and decoupled weight decay reads the learning rate once a step;
+    elsewhere (JAX, PyTorch, AMSGrad, sparse gradients, a `tf.distribute` strategy) it
+    is Keras' Adam.
 
     Example:
     >>> optimizer = kt.FusedAdam(learning_rate=1e-3, beta_2=0.98, epsilon=1e-9)
