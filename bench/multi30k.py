@@ -14,7 +14,10 @@ For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DI
    the last weights and with the averaged ones, and scores each with sacreBLEU:
    cased BLEU with the default 13a tokenization (the headline figure), lowercased
    BLEU (comparable to the "lowercased, tokenized" figures published for Multi30k),
-   and chrF; the `val` split too (beam 4, last weights), the split to tune on, and
+   and chrF; the `val` split too (beam 4, last weights), the split to tune on;
+   where the config sets `eval_memory_weight`, also with the config's search and a
+   translation memory of the training split (kNN-MT, built from each weights' states
+   after training and timed; test2016 and val), and
 4. scores the checkpoints written along the run (greedy, test2016, about every
    `--curve-minutes`) for the chart of BLEU against training minutes. The run keeps
    every checkpoint for it and prunes them to the config's `keep_checkpoints` after.
@@ -184,32 +187,57 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
     if config_search != PAPER_SEARCH:
         searches["search"] = config_search
     scores = {}
-    for weights, weights_model in (("last", model), ("averaged", averaged)):
-        for decode, search in searches.items():
+
+    def score(key, decoding_model, search, inputs, targets, progress_name):
+        started = time.monotonic()
+        translator = Translator(decoding_model, tokenizer, **search, batch_size=run_config.eval_batch_size)
+        translations = translator.translate(inputs, progress=True)
+        seconds = time.monotonic() - started
+        result = sacrebleu_scores(translations, targets)
+        result["decode_seconds"] = round(seconds, 1)
+        print(
+            f"{direction} {progress_name} {key:16s} BLEU {result['bleu']:.2f}  lowercased "
+            f"{result['bleu_lowercased']:.2f}  chrF {result['chrf']:.2f}  ({seconds:.0f} s)",
+            flush=True,
+        )
+        return result, translations
+
+    # The translation memory (kNN-MT) of the training split, built from each weights'
+    # own states after training: it costs no training time, and is timed here.
+    memory_settings = run_config.memory_settings()
+    memory_info, memory_models = None, {}
+    if memory_settings:
+        from keras_transformer.inference.memory import MemoryModel, build_translation_memory
+
+        train_pairs = load_corpus(run_config)["train"]
+        memory_info = {**memory_settings, "build_seconds": {}}
+        for weights, weights_model in (("last", model), ("averaged", averaged)):
             started = time.monotonic()
-            translator = Translator(weights_model, tokenizer, **search, batch_size=run_config.eval_batch_size)
-            translations = translator.translate(sources, progress=True)
-            seconds = time.monotonic() - started
+            memory = build_translation_memory(
+                weights_model, tokenizer, [s for s, _ in train_pairs], [t for _, t in train_pairs],
+                batch_size=run_config.eval_batch_size, progress=True,
+            )
+            memory_info["build_seconds"][weights] = round(time.monotonic() - started, 1)
+            memory_info["keys"], memory_info["skipped_pairs"] = len(memory), memory.skipped
+            memory_models[weights] = MemoryModel(weights_model, memory, **memory_settings)
+            print(f"{direction} {weights} memory: {len(memory):,} keys in "
+                  f"{memory_info['build_seconds'][weights]:.0f} s", flush=True)
+    for weights, weights_model in (("last", model), ("averaged", averaged)):
+        runs = [(decode, weights_model, search) for decode, search in searches.items()]
+        if weights in memory_models:
+            runs.append(("memory", memory_models[weights], config_search))
+        for decode, decoding_model, search in runs:
             key = f"{weights}_{decode}"
-            scores[key] = sacrebleu_scores(translations, references)
-            scores[key]["decode_seconds"] = round(seconds, 1)
+            scores[key], translations = score(key, decoding_model, search, sources, references, "test2016")
             path = os.path.join(model_dir, f"test2016_{key}.{target_lang}")
             with open(path, "w", encoding="utf-8") as file:
                 file.write("\n".join(translations) + "\n")
-            print(
-                f"{direction} {key:16s} BLEU {scores[key]['bleu']:.2f}  lowercased "
-                f"{scores[key]['bleu_lowercased']:.2f}  chrF {scores[key]['chrf']:.2f}  "
-                f"({seconds:.0f} s)",
-                flush=True,
-            )
     val_pairs = load_corpus(run_config)["validation"]
-    started = time.monotonic()
-    translator = Translator(model, tokenizer, **PAPER_SEARCH, batch_size=run_config.eval_batch_size)
-    val_scores = sacrebleu_scores(
-        translator.translate([source for source, _ in val_pairs], progress=True), [t for _, t in val_pairs]
-    )
-    val_scores["decode_seconds"] = round(time.monotonic() - started, 1)
-    print(f"{direction} val last_beam       BLEU {val_scores['bleu']:.2f}", flush=True)
+    val_sources, val_references = [s for s, _ in val_pairs], [t for _, t in val_pairs]
+    val = {"last_beam": score("last_beam", model, PAPER_SEARCH, val_sources, val_references, "val")[0]}
+    if "last" in memory_models:
+        val["last_memory"] = score("last_memory", memory_models["last"], config_search, val_sources,
+                                   val_references, "val")[0]
 
     checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
     curve = []
@@ -243,7 +271,8 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
         "validation_loss": training["validation_loss"],
         "model_dir": os.path.relpath(model_dir, ROOT),
         "test2016": scores,
-        "val": {"last_beam": val_scores},
+        "val": val,
+        "memory": memory_info,
         "bleu_against_minutes": curve,
         "machine": training["machine"],  # the machine that trained it
     }
@@ -474,8 +503,8 @@ def markdown_table(runs):
     lines = [
         "| direction | changes from the recipe | parameters | fit (min) | steps (epochs) "
         "| real target tok/s | last val loss | val BLEU | weights | beam 4: BLEU / lc / chrF | greedy: BLEU / lc / chrF "
-        "| the config's search (chosen on val): BLEU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| the config's search (chosen on val): BLEU | that search with the training set as a memory (kNN-MT): BLEU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         scores = run["test2016"]
@@ -496,6 +525,7 @@ def markdown_table(runs):
                 f"{beam['bleu']:.2f} / {beam['bleu_lowercased']:.2f} / {beam['chrf']:.2f}",
                 f"{greedy['bleu']:.2f} / {greedy['bleu_lowercased']:.2f} / {greedy['chrf']:.2f}",
                 _search_cell(run, scores.get(f"{weights}_search")),
+                _memory_cell(run, scores.get(f"{weights}_memory")),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -509,6 +539,15 @@ def _search_cell(run, scores):
     alpha = f"{search['length_penalty']:g}"
     alpha += "" if "." in alpha else ".0"  # "1.0", as the configs write it
     return f"{scores['bleu']:.2f} (beam {search['beam_size']}, α {alpha})"
+
+
+def _memory_cell(run, scores):
+    """The search with the translation memory and its settings ("" for runs without one)."""
+    if scores is None:
+        return ""
+    memory = run["memory"]
+    return (f"{scores['bleu']:.2f} (k {memory['neighbors']}, T {memory['temperature']:g}, "
+            f"weight {memory['weight']:g})")
 
 
 if __name__ == "__main__":

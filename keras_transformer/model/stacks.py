@@ -101,7 +101,8 @@ class DecoderStack(_Stack):
 
     Calling it runs the teacher-forced pass over target ids `[B, T]` and returns float32
     logits `[B, T, V]` (with `return_attention_scores`, also a list of the blocks' score
-    dicts); `step` decodes one position through the key/value caches. For rows of packed
+    dicts; with `return_states`, also the states the logits are projected from, `[B, T, D]`,
+    what a translation memory stores); `step` decodes one position through the key/value caches. For rows of packed
     pairs, pass `segment_ids` and `positions` (`[B, T]`) and `encoder_segment_ids`
     (`[B, S]`): self- and cross-attention then stay within each pair.
 
@@ -125,6 +126,7 @@ class DecoderStack(_Stack):
         segment_ids=None,
         positions=None,
         encoder_segment_ids=None,
+        return_states=False,
     ):
         decoder_padding_mask = masks.padding_mask(token_ids)
         self_mask = cross_mask = None
@@ -147,14 +149,20 @@ class DecoderStack(_Stack):
             if return_attention_scores:
                 x, scores = x
                 all_scores.append(scores)
-        logits = self.logits(x)
-        return (logits, all_scores) if return_attention_scores else logits
+        states = self.normalize(x)
+        outputs = (self.project(states),)
+        if return_attention_scores:
+            outputs += (all_scores,)
+        if return_states:
+            outputs += (states,)
+        return outputs if len(outputs) > 1 else outputs[0]
 
-    def step(self, token_ids, index, self_caches, cross_caches, encoder_padding_mask):
+    def step(self, token_ids, index, self_caches, cross_caches, encoder_padding_mask, return_states=False):
         """Decodes the tokens `[B, 1]` at position `index` against one cache per block.
 
         Returns `(logits [B, V] float32, self_caches)`, this step's keys and values
-        written at `index` of each block's self-attention cache.
+        written at `index` of each block's self-attention cache; with `return_states`,
+        `(logits, self_caches, states [B, D])`, the states the logits are projected from.
         """
         x = self.embed(token_ids, start_index=index, training=False)
         new_caches = []
@@ -169,11 +177,18 @@ class DecoderStack(_Stack):
                 training=False,
             )
             new_caches.append(self_cache)
-        return self.logits(x)[:, -1, :], tuple(new_caches)
+        states = self.normalize(x)[:, -1, :]
+        logits = self.project(states)
+        if return_states:
+            return logits, tuple(new_caches), states
+        return logits, tuple(new_caches)
 
     def logits(self, x):
         """Float32 vocabulary logits of the last block's output `[B, T, D]`."""
-        x = self.normalize(x)
+        return self.project(self.normalize(x))
+
+    def project(self, x):
+        """Float32 vocabulary logits of final states `[..., D]` (after the final norm)."""
         if self.output_projection is None:
             return self.token_embedding(x, reverse=True)  # float32 logits
         return ops.cast(self.output_projection(x), "float32")

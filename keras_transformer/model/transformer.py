@@ -269,14 +269,20 @@ class Transformer(keras.Model):
         encoder_padding_mask,
         training=False,
         return_attention_scores=False,
+        return_states=False,
     ):
-        """Teacher-forced decoder pass: logits `[B, T, vocab]` (plus scores if asked)."""
+        """Teacher-forced decoder pass: logits `[B, T, vocab]` (plus scores if asked).
+
+        With `return_states`, also the final decoder states `[B, T, D]` the logits are
+        projected from, last in the returned tuple.
+        """
         return self.decoder_stack(
             decoder_inputs,
             encoder_outputs,
             encoder_padding_mask,
             training=training,
             return_attention_scores=return_attention_scores,
+            return_states=return_states,
         )
 
     def initial_cache(self, encoder_outputs, max_target_length):
@@ -296,14 +302,17 @@ class Transformer(keras.Model):
         )
         return self_caches, cross_caches
 
-    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_padding_mask):
+    def decode_step(
+        self, token_ids, index, self_caches, cross_caches, encoder_padding_mask, return_states=False
+    ):
         """Decodes the tokens at position `index` (`[B, 1]` ids) against the caches.
 
         Returns `(logits [B, vocab] float32, self_caches)` with this step's keys and
         values written at `index`. Equal to the teacher-forced `decode` at that position.
+        With `return_states`, also the final decoder states `[B, D]`, last in the tuple.
         """
         return self.decoder_stack.step(
-            token_ids, index, self_caches, cross_caches, encoder_padding_mask
+            token_ids, index, self_caches, cross_caches, encoder_padding_mask, return_states=return_states
         )
 
     # ------------------------------------------------------------ serialization

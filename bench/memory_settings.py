@@ -1,0 +1,106 @@
+"""A translation memory's settings (kNN-MT) tuned on Multi30k's `val`.
+
+Builds the memory of the training split from a trained model directory's own decoder
+states once (`keras_transformer.inference.memory.build_translation_memory`, timed), then
+translates `val` with the model directory's search (its `eval_beam_size`,
+`eval_length_penalty`) for each setting of the grid: neighbours `k`, temperature `T`,
+the memory's weight. A weight of 0 is the model alone, the row the others are read
+against. test2016 is never scored here: the chosen setting goes into the run config
+(`eval_memory_*`), and `bench/multi30k.py` scores it there (`--rescore` for a model
+directory trained already).
+
+Usage:
+
+    .venv/bin/python bench/memory_settings.py ../shared/data/multi30k \\
+        --model-dir saved_models/multi30k_en_de --direction en-de \\
+        --settings 16,30,0 --settings 16,30,0.3 --settings 16,30,0.5
+
+Adds the grid to `bench/results/memory_settings.json` (one entry per model directory)
+and prints it as a markdown table.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import machine  # noqa: E402
+from bench.multi30k import sacrebleu_scores  # noqa: E402
+from bench.search_settings import read_split  # noqa: E402
+
+
+def parse_setting(text):
+    """'K,T,WEIGHT' -> (int, float, float); SystemExit naming the expected form."""
+    try:
+        neighbors, temperature, weight = text.split(",")
+        return int(neighbors), float(temperature), float(weight)
+    except ValueError:
+        raise SystemExit(f"a setting is 'K,T,WEIGHT', for example 16,30,0.3. Received: {text!r}") from None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data_dir", help="folder with Multi30k's train and val .de/.en files")
+    parser.add_argument("--model-dir", required=True, help="a trained model directory")
+    parser.add_argument("--direction", required=True, choices=["de-en", "en-de"])
+    parser.add_argument("--settings", action="append", required=True, help="K,T,WEIGHT; repeat for a grid")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--results", default=str(machine.RESULTS_DIR / "memory_settings.json"))
+    args = parser.parse_args(argv)
+    settings = [parse_setting(text) for text in args.settings]
+
+    from keras_transformer.inference.memory import MemoryModel, build_translation_memory
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.model.directory import load_model_and_tokenizer, resolve_search
+
+    data_dir = pathlib.Path(args.data_dir)
+    source_lang, target_lang = args.direction.split("-")
+    model, tokenizer = load_model_and_tokenizer(args.model_dir)
+    beam_size, alpha = resolve_search(args.model_dir)
+    train_sources, train_targets = read_split(data_dir, "train", source_lang, target_lang)
+    started = time.monotonic()
+    memory = build_translation_memory(model, tokenizer, train_sources, train_targets,
+                                      batch_size=args.batch_size, progress=True)
+    build_seconds = round(time.monotonic() - started, 1)
+    print(f"{memory!r}, built in {build_seconds:.0f} s", flush=True)
+    val_sources, val_references = read_split(data_dir, "val", source_lang, target_lang)
+    grid = []
+    for neighbors, temperature, weight in settings:
+        started = time.monotonic()
+        decoding_model = MemoryModel(model, memory, neighbors=neighbors, temperature=temperature, weight=weight)
+        translator = Translator(decoding_model, tokenizer, beam_size=beam_size, length_penalty=alpha,
+                                batch_size=args.batch_size)
+        scores = sacrebleu_scores(translator.translate(val_sources, progress=True), val_references)
+        grid.append({
+            "neighbors": neighbors, "temperature": temperature, "weight": weight,
+            "bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
+            "seconds": round(time.monotonic() - started, 1),
+        })
+        print(f"val k {neighbors} T {temperature:g} weight {weight:g}: BLEU {grid[-1]['bleu']:.2f} "
+              f"chrF {grid[-1]['chrf']:.2f} ({grid[-1]['seconds']:.0f} s)", flush=True)
+
+    results_path = pathlib.Path(args.results)
+    payload = json.loads(results_path.read_text()) if results_path.is_file() else {"benchmark": "memory_settings"}
+    payload.setdefault("runs", {})[os.path.normpath(args.model_dir)] = {
+        "direction": args.direction,
+        "search": {"beam_size": beam_size, "length_penalty": alpha},
+        "memory_keys": len(memory),
+        "memory_build_seconds": build_seconds,
+        "val_grid": grid,
+        "machine": machine.machine_info(),
+    }
+    machine.write_json(results_path, payload)
+    print("| k | T | weight | val BLEU | val chrF | decode (s) |\n|---|---|---|---|---|---|")
+    for row in grid:
+        print(f"| {row['neighbors']} | {row['temperature']:g} | {row['weight']:g} | {row['bleu']:.2f} "
+              f"| {row['chrf']:.2f} | {row['seconds']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

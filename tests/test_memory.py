@@ -1,0 +1,180 @@
+"""Translation memory (kNN-MT): keys are the teacher-forced states, the step mixes exactly.
+
+The memory's distribution is checked on hand-computed numbers; its keys against the
+model's own teacher-forced states; the cached step's states against the full decoder's;
+the mixed teacher-forced log-probabilities against a NumPy kNN over the same keys; and,
+end to end, an untrained model with a memory of three pairs translates them exactly,
+eagerly and compiled, while weight 0 decodes as the model alone.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from conftest import tiny_config, to_numpy
+
+import keras_transformer as kt
+from keras_transformer.inference import decoding
+from keras_transformer.inference.compiled import CompiledDecoder
+from keras_transformer.inference.memory import nearest_neighbor_log_probs
+from keras_transformer.train.run_config import RunConfig
+from keras_transformer.special_tokens import BOS_ID, EOS_ID
+
+SOURCES = ["5 6 7 8", "9 10 11", "12 13 14 15 16"]
+TARGETS = ["20 21 22 23 24", "25 26 27", "29 30 31 28"]
+ENCODER_INPUTS = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 3, 0, 0], [12, 13, 14, 15, 16, 3]], "int32")
+
+
+class SpaceTokenizer:
+    """Ids written as numbers: what build_translation_memory reads of a tokenizer."""
+
+    def encode(self, sentences):
+        return [[int(token) for token in sentence.split()] for sentence in sentences]
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(5)
+    return kt.build_transformer(tiny_config(d_model=32, num_heads=4, d_ff=64, num_decoder_layers=2))
+
+
+@pytest.fixture(scope="module")
+def memory(model):
+    return kt.build_translation_memory(model, SpaceTokenizer(), SOURCES, TARGETS, batch_size=2)
+
+
+def test_the_memory_distribution_is_computed_by_hand():
+    keys = np.array([[0, 0], [1, 0], [0, 2], [3, 3]], "float32")
+    values = np.array([4, 4, 5, 6], "int32")
+    log_p = to_numpy(nearest_neighbor_log_probs(
+        keras.ops.array([[0.0, 0.0], [3.0, 2.0]]), keys, (keys**2).sum(1), values, 8, 3, 2.0
+    ))
+    # Row 0: squared distances 0, 1, 4 (the fourth key, 18, is not among the 3 nearest).
+    z = 1 + math.exp(-0.5) + math.exp(-2)
+    expected = np.zeros((2, 8))
+    expected[0, 4], expected[0, 5] = (1 + math.exp(-0.5)) / z, math.exp(-2) / z
+    # Row 1: distances 13, 8, 9, 1 -> keys 3, 1, 2: values 6, 4, 5.
+    z = 1 + math.exp(-3.5) + math.exp(-4)
+    expected[1, 6], expected[1, 4], expected[1, 5] = 1 / z, math.exp(-3.5) / z, math.exp(-4) / z
+    np.testing.assert_allclose(np.exp(log_p), expected, atol=1e-6)
+    assert np.isneginf(log_p[0, 6]) and np.isneginf(log_p[1, 0])
+
+
+def test_keys_are_the_teacher_forced_states_and_values_the_next_tokens(model, memory):
+    assert len(memory) == sum(len(t.split()) + 1 for t in TARGETS) and memory.skipped == 0
+    encoder_outputs, mask = model.encode(ENCODER_INPUTS)
+    targets = SpaceTokenizer().encode(TARGETS)
+    decoder_inputs = np.zeros((3, 6), "int32")
+    for row, target in enumerate(targets):
+        decoder_inputs[row, : len(target) + 1] = [BOS_ID] + target
+    _, states = model.decode(decoder_inputs, encoder_outputs, mask, return_states=True)
+    states = to_numpy(states)
+    for row, target in enumerate(targets):
+        for position, token in enumerate(target + [EOS_ID]):
+            matches = np.abs(memory.keys - states[row, position]).max(axis=1) < 1e-5
+            assert matches.sum() == 1 and memory.values[matches][0] == token
+
+
+def test_the_cached_step_returns_the_teacher_forced_states(model):
+    encoder_outputs, mask = model.encode(ENCODER_INPUTS)
+    decoder_inputs = np.array([[BOS_ID, 20, 21, 22], [BOS_ID, 25, 26, 27], [BOS_ID, 29, 30, 31]], "int32")
+    logits, states = model.decode(decoder_inputs, encoder_outputs, mask, return_states=True)
+    self_caches, cross_caches = model.initial_cache(encoder_outputs, 4)
+    for index in range(4):
+        step_logits, self_caches, step_states = model.decode_step(
+            decoder_inputs[:, index : index + 1], index, self_caches, cross_caches, mask, return_states=True
+        )
+        np.testing.assert_allclose(to_numpy(step_states), to_numpy(states)[:, index], atol=1e-5)
+        np.testing.assert_allclose(to_numpy(step_logits), to_numpy(logits)[:, index], atol=1e-4)
+
+
+def test_mixed_log_probs_are_the_interpolation_of_model_and_memory(model, memory):
+    mixed_model = kt.MemoryModel(model, memory, neighbors=3, temperature=0.5, weight=0.25)
+    encoder_outputs, mask = model.encode(ENCODER_INPUTS)
+    decoder_inputs = np.array([[BOS_ID, 20, 21], [BOS_ID, 25, 7], [BOS_ID, 9, 30]], "int32")
+    mixed = to_numpy(mixed_model.decode(decoder_inputs, encoder_outputs, mask))
+    logits, states = model.decode(decoder_inputs, encoder_outputs, mask, return_states=True)
+    logits, states = to_numpy(logits).astype("float64"), to_numpy(states).astype("float64")
+    model_probs = np.exp(logits - logits.max(-1, keepdims=True))
+    model_probs /= model_probs.sum(-1, keepdims=True)
+    keys = memory.keys.astype("float64")
+    expected = np.zeros_like(model_probs)
+    for row in range(3):
+        for position in range(3):
+            distances = ((keys - states[row, position]) ** 2).sum(1)
+            nearest = np.argsort(distances)[:3]
+            weights = np.exp(-(distances[nearest] - distances[nearest].min()) / 0.5)
+            memory_probs = np.zeros(model_probs.shape[-1])
+            np.add.at(memory_probs, memory.values[nearest], weights / weights.sum())
+            expected[row, position] = 0.25 * memory_probs + 0.75 * model_probs[row, position]
+    np.testing.assert_allclose(np.exp(mixed), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_an_untrained_model_with_a_memory_of_the_pairs_translates_them(model, memory, method):
+    expected = np.zeros((3, 6), "int32")
+    for row, target in enumerate(SpaceTokenizer().encode(TARGETS)):
+        expected[row, : len(target) + 1] = target + [EOS_ID]
+    alone = decoding.greedy_decode(model, ENCODER_INPUTS, max_length=6)[0]
+    assert not np.array_equal(to_numpy(alone), expected)  # the model alone has learned nothing
+    mixed_model = kt.MemoryModel(model, memory, neighbors=1, temperature=1.0, weight=0.9)
+    kwargs = {"beam_size": 3} if method == "beam" else {}
+    eager = (decoding.beam_decode if method == "beam" else decoding.greedy_decode)(
+        mixed_model, ENCODER_INPUTS, max_length=6, **kwargs
+    )
+    np.testing.assert_array_equal(to_numpy(eager[0]), expected)
+    compiled = CompiledDecoder(mixed_model, method, jit_compile=False, max_length=6, **kwargs)(ENCODER_INPUTS)
+    np.testing.assert_array_equal(to_numpy(compiled[0]), expected)
+    np.testing.assert_allclose(to_numpy(compiled[1]), to_numpy(eager[1]), atol=1e-5)
+
+
+def test_weight_zero_decodes_as_the_model_alone(model, memory):
+    alone = decoding.beam_decode(model, ENCODER_INPUTS, beam_size=2, max_length=6)
+    tokens, scores = decoding.beam_decode(kt.MemoryModel(model, memory, weight=0.0, neighbors=4),
+                                          ENCODER_INPUTS, beam_size=2, max_length=6)
+    np.testing.assert_array_equal(to_numpy(tokens), to_numpy(alone[0]))
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(alone[1]), atol=1e-6)
+
+
+def test_a_saved_memory_loads_as_it_was_and_other_files_are_refused(memory, tmp_path):
+    path = memory.save(tmp_path / "train.memory.npz")
+    loaded = kt.TranslationMemory.load(path)
+    np.testing.assert_array_equal(loaded.keys, memory.keys)
+    np.testing.assert_array_equal(loaded.values, memory.values)
+    assert (loaded.vocab_size, loaded.skipped) == (memory.vocab_size, memory.skipped)
+    np.savez(tmp_path / "other.npz", keys=memory.keys)
+    with pytest.raises(ValueError, match="is not a TranslationMemory"):
+        kt.TranslationMemory.load(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match=r"saved as \.npz"):
+        memory.save(tmp_path / "train.memory")
+
+
+def test_pairs_too_long_for_the_model_are_skipped_and_counted(model):
+    long_target = " ".join(["20"] * model.config.max_length)
+    memory = kt.build_translation_memory(model, SpaceTokenizer(), SOURCES[:2], [TARGETS[0], long_target])
+    assert memory.skipped == 1 and len(memory) == 6
+    with pytest.raises(ValueError, match="No pair fits"):
+        kt.build_translation_memory(model, SpaceTokenizer(), SOURCES[:1], [long_target])
+    with pytest.raises(ValueError, match="Received: 2 sources and 1 targets"):
+        kt.build_translation_memory(model, SpaceTokenizer(), SOURCES[:2], TARGETS[:1])
+
+
+def test_bad_settings_and_mismatched_memories_are_refused_with_clear_messages(model, memory):
+    with pytest.raises(ValueError, match=r"in \[0, 1\). Received: 1.0"):
+        kt.MemoryModel(model, memory, weight=1.0)
+    # More neighbours than keys: every key is read.
+    assert kt.MemoryModel(model, memory, neighbors=len(memory) + 5).neighbors == len(memory)
+    with pytest.raises(ValueError, match="temperature"):
+        kt.MemoryModel(model, memory, temperature=0.0)
+    other = kt.build_transformer(tiny_config())
+    with pytest.raises(ValueError, match="keys of width 32 and vocab_size 32 for a model of d_model 16"):
+        kt.MemoryModel(other, memory)
+    with pytest.raises(TypeError, match="needs a TranslationMemory"):
+        kt.MemoryModel(model, memory.keys)
+    with pytest.raises(ValueError, match=r"values from 0 to 40"):
+        kt.TranslationMemory(memory.keys[:2], np.array([0, 40]), vocab_size=32)
+    with pytest.raises(ValueError, match="finite"):
+        kt.TranslationMemory(np.full((1, 4), np.nan), np.array([1]), vocab_size=32)
+    with pytest.raises(ValueError, match=r"eval_memory_weight.*Received: 1.5"):
+        RunConfig(eval_memory_weight=1.5)
