@@ -13,11 +13,13 @@ import keras
 import numpy as np
 import pytest
 from conftest import tiny_config, to_numpy
+from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 
 import keras_transformer as kt
 from keras_transformer.inference import decoding
 from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.inference.memory import nearest_neighbor_log_probs
+from keras_transformer.model.directory import load_model_and_tokenizer
 from keras_transformer.train.run_config import RunConfig
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
 
@@ -178,3 +180,22 @@ def test_bad_settings_and_mismatched_memories_are_refused_with_clear_messages(mo
         kt.TranslationMemory(np.full((1, 4), np.nan), np.array([1]), vocab_size=32)
     with pytest.raises(ValueError, match=r"eval_memory_weight.*Received: 1.5"):
         RunConfig(eval_memory_weight=1.5)
+
+
+def test_a_translator_of_the_memory_model_translates_memorised_pairs(tmp_path):
+    model, tokenizer = make_tiny_model_dir(tmp_path)
+    sentences = pick_sentences(tokenizer, count=5)
+    targets = sentences[1:] + sentences[:1]  # each sentence "translates" to the next
+    memory = kt.build_translation_memory(model, tokenizer, sentences, targets)
+    settings = dict(beam_size=2, batch_size=BATCH_SIZE)
+    plain = kt.Translator(model, tokenizer, **settings).translate(sentences)
+    assert plain != targets
+    memory_model = kt.MemoryModel(model, memory, neighbors=1, temperature=1.0, weight=0.9)
+    assert kt.Translator(memory_model, tokenizer, **settings).translate(sentences) == targets
+    unmixed = kt.MemoryModel(model, memory, weight=0.0)
+    assert kt.Translator(unmixed, tokenizer, **settings).translate(sentences) == plain
+    with pytest.raises(ValueError, match="A MemoryModel needs its tokenizer"):
+        kt.Translator(memory_model)
+    # What export and the commands load a model with: the memory model is refused, saying why.
+    with pytest.raises(TypeError, match=r"Received: MemoryModel: a MemoryModel decodes with a Translator"):
+        load_model_and_tokenizer(memory_model)
