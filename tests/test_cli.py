@@ -34,6 +34,7 @@ COMMANDS = {  # console script -> module of keras_transformer.cli
     "kt-average-checkpoints": "average_checkpoints",
     "kt-demo": "demo",
     "kt-import-marian": "import_marian",
+    "kt-build-memory": "build_memory",
 }
 
 

@@ -7,12 +7,13 @@ end to end, an untrained model with a memory of three pairs translates them exac
 eagerly and compiled, while weight 0 decodes as the model alone.
 """
 
+import json
 import math
 
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy
+from conftest import once_on, tiny_config, to_numpy
 from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 
 import keras_transformer as kt
@@ -199,3 +200,43 @@ def test_a_translator_of_the_memory_model_translates_memorised_pairs(tmp_path):
     # What export and the commands load a model with: the memory model is refused, saying why.
     with pytest.raises(TypeError, match=r"Received: MemoryModel: a MemoryModel decodes with a Translator"):
         load_model_and_tokenizer(memory_model)
+
+
+@once_on("torch", "the commands' arguments and files are Python, the same on every backend (the memory "
+         "decodes on every backend above)")
+def test_the_commands_build_a_memory_and_translate_with_it(tmp_path, capsys):
+    from keras_transformer.cli import build_memory, evaluate, translate
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    _, tokenizer = make_tiny_model_dir(model_dir)
+    sentences = pick_sentences(tokenizer, count=4)
+    targets = sentences[1:] + sentences[:1]
+    (tmp_path / "train.src").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (tmp_path / "train.tgt").write_text("\n".join(targets) + "\n", encoding="utf-8")
+    memory_path = str(tmp_path / "train.memory.npz")
+    assert build_memory.main(["--model-dir", str(model_dir), "--source", str(tmp_path / "train.src"),
+                              "--target", str(tmp_path / "train.tgt"), "--output", memory_path]) == 0
+    assert "from 4 pairs (0 too long for the model, skipped)" in capsys.readouterr().out
+    memory_args = ["--memory", memory_path, "--memory-weight", "0.9", "--memory-neighbors", "1",
+                   "--memory-temperature", "1"]
+    assert translate.main(["--model-dir", str(model_dir), *memory_args, "--beam-size", "2", *sentences]) == 0
+    assert capsys.readouterr().out.splitlines() == targets
+    evaluate_args = ["--model-dir", str(model_dir), *memory_args, "--beam-size", "2",
+                     "--source", str(tmp_path / "train.src"), "--reference", str(tmp_path / "train.tgt")]
+    assert evaluate.main(evaluate_args) == 0
+    assert json.loads(capsys.readouterr().out)["exact_match"] == 1.0
+    with pytest.raises(SystemExit):
+        evaluate.main([*evaluate_args, "--write-metrics"])
+    assert "scores read with --memory are the model's and the memory's" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["--model-dir", str(model_dir), "--model-dir", str(model_dir), *memory_args, "a"])
+    assert exit_info.value.code == 2
+    assert "--memory takes one --model-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        translate.main(["--model-dir", str(model_dir), "--memory", memory_path, "--memory-weight", "1", "a"])
+    assert "in [0, 1). Received: 1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_memory.main(["--model-dir", str(model_dir), "--source", str(tmp_path / "train.src"),
+                           "--target", str(tmp_path / "missing"), "--output", memory_path])
+    assert "missing" in capsys.readouterr().err

@@ -6,8 +6,9 @@
   `__init__` calls it first where `is_command_process()`.
 - `add_config_arguments` / `read_run_config`: `--config FILE` and `--set KEY=VALUE`
   (kt-train, kt-demo).
-- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable) and
-  `--ensemble-checkpoints K`, a model or an ensemble (kt-translate, kt-evaluate).
+- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable),
+  `--ensemble-checkpoints K` and `--memory FILE`, a model, an ensemble or a model with a
+  translation memory (kt-translate, kt-evaluate).
 - `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
   `--length-penalty`, `--early-stopping`, `--max-extra` (kt-translate, kt-evaluate,
   kt-export), with the paper's defaults defined once in `inference.decoding`;
@@ -31,7 +32,10 @@ import tempfile
 import zipfile
 
 # The commands, by their module in this package; `kt-<name>` runs `<module>.main`.
-COMMANDS = ("train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo", "import_marian")
+COMMANDS = (
+    "train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo", "import_marian",
+    "build_memory",
+)
 
 # TensorFlow's C++ log level, read once when TensorFlow is loaded: 3 drops its INFO,
 # WARNING and ERROR lines, among them the CUDA probes a machine without a GPU prints
@@ -204,12 +208,43 @@ def add_model_arguments(parser):
         help="decode with an ensemble of the run's last K checkpoints (MODEL_DIR/checkpoints) "
         "instead of its model.keras: K times the decoding time",
     )
+    group = parser.add_argument_group("translation memory (kNN-MT, keras_transformer.inference.memory)")
+    group.add_argument(
+        "--memory",
+        metavar="FILE",
+        help="a translation memory (.npz) that kt-build-memory wrote with this --model-dir: the tokens "
+        "of its nearest decoder states mixed into every step (decoding takes longer)",
+    )
+    group.add_argument("--memory-weight", type=float, default=0.5, help="the memory's share of each step (default 0.5)")
+    group.add_argument("--memory-neighbors", type=int, default=16, help="keys read each step (default 16)")
+    group.add_argument(
+        "--memory-temperature", type=float, default=30.0,
+        help="softmax temperature over the neighbours' squared distances (default 30)",
+    )
 
 
 def translator_source(parser, args):
     """`(what Translator takes first, its ensemble keyword arguments)` from `add_model_arguments`'."""
     if args.ensemble_checkpoints is not None and len(args.model_dir) > 1:
         parser.error("--ensemble-checkpoints takes one --model-dir: the run whose checkpoints are ensembled")
+    if args.memory is not None:
+        if len(args.model_dir) > 1 or args.ensemble_checkpoints is not None:
+            parser.error("--memory takes one --model-dir, the model that built it (no ensemble)")
+        from keras_transformer.inference.memory import MemoryModel, TranslationMemory
+        from keras_transformer.model.directory import load_model_and_tokenizer
+
+        try:
+            model, tokenizer = load_model_and_tokenizer(args.model_dir[0])
+            memory_model = MemoryModel(
+                model,
+                TranslationMemory.load(args.memory),
+                neighbors=args.memory_neighbors,
+                temperature=args.memory_temperature,
+                weight=args.memory_weight,
+            )
+        except COMMAND_ERRORS as error:
+            fail(parser, error)
+        return memory_model, {"tokenizer": tokenizer}
     if len(args.model_dir) > 1:
         return list(args.model_dir), {}
     extra = {} if args.ensemble_checkpoints is None else {"ensemble_checkpoints": args.ensemble_checkpoints}

@@ -33,6 +33,11 @@ def main(argv=None):
     common.add_decoding_arguments(parser)
     args = parser.parse_args(argv)
     source, ensemble = common.translator_source(parser, args)
+    if args.write_metrics and args.memory is not None:
+        parser.error(
+            "--write-metrics records the model's own scores in its directory; scores read with "
+            "--memory are the model's and the memory's (they are printed)"
+        )
     if args.write_metrics and (len(args.model_dir) > 1 or ensemble):
         parser.error(
             "--write-metrics records one model's scores in its directory; an ensemble's "
