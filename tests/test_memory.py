@@ -19,7 +19,7 @@ from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 import keras_transformer as kt
 from keras_transformer.inference import decoding
 from keras_transformer.inference.compiled import CompiledDecoder
-from keras_transformer.inference.memory import nearest_neighbor_log_probs
+from keras_transformer.inference.memory import nearest_neighbor_log_probs, search_keys
 from keras_transformer.model.directory import load_model_and_tokenizer
 from keras_transformer.train.run_config import RunConfig
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
@@ -51,7 +51,7 @@ def test_the_memory_distribution_is_computed_by_hand():
     keys = np.array([[0, 0], [1, 0], [0, 2], [3, 3]], "float32")
     values = np.array([4, 4, 5, 6], "int32")
     log_p = to_numpy(nearest_neighbor_log_probs(
-        keras.ops.array([[0.0, 0.0], [3.0, 2.0]]), keys, (keys**2).sum(1), values, 8, 3, 2.0
+        keras.ops.array([[0.0, 0.0], [3.0, 2.0]]), search_keys(keys), values, 8, 3, 2.0
     ))
     # Row 0: squared distances 0, 1, 4 (the fourth key, 18, is not among the 3 nearest).
     z = 1 + math.exp(-0.5) + math.exp(-2)

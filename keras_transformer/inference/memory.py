@@ -191,14 +191,25 @@ def _decoder_states(model, encoder_inputs, decoder_inputs):
     return ops.convert_to_numpy(ops.cast(states, "float32"))
 
 
-def nearest_neighbor_log_probs(states, keys, key_norms, values, vocab_size, neighbors, temperature):
+def search_keys(keys):
+    """`[2 k, -|k|^2]` per key, `[N, D + 1]` float32: what `nearest_neighbor_log_probs` searches.
+
+    With the query written `[q, 1]`, one matmul gives `2 q.k - |k|^2 = |q|^2 - |q - k|^2`:
+    the largest values are the nearest keys, with no pass over `[B, N]` to add the norms.
+    """
+    keys = np.asarray(keys, dtype=np.float32)
+    return np.concatenate([2.0 * keys, -np.square(keys).sum(axis=1, keepdims=True)], axis=1)
+
+
+def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temperature):
     """The memory's next-token log-distribution of each state: `[B, vocab_size]`.
 
     Args:
         states: float `[B, D]`, the decoder's final states.
-        keys: float32 `[N, D]`; key_norms: their squared norms `[N]`.
+        keys: float32 `[N, D + 1]`, the memory's keys as `search_keys` writes them.
         values: int32 `[N]`.
-        vocab_size: int; neighbors: `k`; temperature: the softmax temperature over `-d`.
+        vocab_size: int; neighbors: `k`; temperature: the softmax temperature over the
+            negative squared distances.
 
     Returns:
         float32 `[B, vocab_size]`: `log sum_{j in kNN, values_j = y} softmax(-d / T)_j`,
@@ -206,25 +217,22 @@ def nearest_neighbor_log_probs(states, keys, key_norms, values, vocab_size, neig
 
     Example:
     >>> import numpy as np
-    >>> keys = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]], "float32")
-    >>> log_p = nearest_neighbor_log_probs(
-    ...     keras.ops.array([[0.0, 0.0]]), keys, (keys**2).sum(1), np.array([1, 1, 2], "int32"), 3, 2, 1.0)
+    >>> keys = search_keys(np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]]))
+    >>> log_p = nearest_neighbor_log_probs(keras.ops.array([[0.0, 0.0]]), keys, np.array([1, 1, 2], "int32"), 3, 2, 1.0)
     >>> np.round(np.exp(keras.ops.convert_to_numpy(log_p)), 3)  # 1 holds both neighbours: e^0 + e^-1
     array([[0., 1., 0.]], dtype=float32)
     """
     states = ops.cast(states, "float32")
-    distances = (
-        ops.sum(states * states, axis=-1, keepdims=True)
-        - 2.0 * ops.matmul(states, ops.transpose(keys))
-        + key_norms[None, :]
-    )
-    neg_distances, indices = ops.top_k(-distances, neighbors)
+    batch = ops.shape(states)[0]
+    queries = ops.concatenate([states, ops.ones((batch, 1), "float32")], axis=-1)
+    # |q|^2 - d, largest first: |q|^2 is the same for every key of a row, so it cancels
+    # in the softmax below and is never added.
+    scores, indices = ops.top_k(ops.matmul(queries, ops.transpose(keys)), neighbors)
     # softmax written out: Keras warns on a softmax over one neighbour, a valid k here.
-    scaled = neg_distances / temperature
+    scaled = scores / temperature
     weights = ops.exp(scaled - ops.max(scaled, axis=-1, keepdims=True))
     weights = weights / ops.sum(weights, axis=-1, keepdims=True)
     tokens = ops.take(values, indices)  # [B, k]
-    batch = ops.shape(states)[0]
     rows = ops.repeat(ops.arange(batch)[:, None], neighbors, axis=1)
     scatter_at = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(ops.cast(tokens, rows.dtype), (-1,))], axis=-1)
     probs = ops.scatter(scatter_at, ops.reshape(weights, (-1,)), (batch, vocab_size))  # duplicates add up
@@ -283,8 +291,7 @@ class MemoryModel:
         self.weight = float(weight)
         self.config = model.config
         # Variables, so that a compiled search reads them as it reads the weights.
-        self._keys = keras.Variable(memory.keys, trainable=False, name="memory_keys")
-        self._key_norms = keras.Variable(np.square(memory.keys).sum(axis=1), trainable=False, name="memory_key_norms")
+        self._keys = keras.Variable(search_keys(memory.keys), trainable=False, name="memory_keys")
         self._values = keras.Variable(memory.values, trainable=False, dtype="int32", name="memory_values")
 
     def __repr__(self):
@@ -296,7 +303,7 @@ class MemoryModel:
     @property
     def variables(self):
         """The model's variables, then the memory's (what a compiled search reads)."""
-        return list(self.model.variables) + [self._keys, self._key_norms, self._values]
+        return list(self.model.variables) + [self._keys, self._values]
 
     # ------------------------------------------------- the searches' model interface
     def encode(self, encoder_inputs, training=False):
@@ -327,6 +334,6 @@ class MemoryModel:
         if self.weight == 0:
             return log_probs
         memory_log_probs = nearest_neighbor_log_probs(
-            states, self._keys, self._key_norms, self._values, self.config.vocab_size, self.neighbors, self.temperature
+            states, self._keys, self._values, self.config.vocab_size, self.neighbors, self.temperature
         )
         return ops.logaddexp(memory_log_probs + math.log(self.weight), log_probs + math.log(1.0 - self.weight))
