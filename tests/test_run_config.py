@@ -169,13 +169,15 @@ def test_shipped_configs_parse(name):
         assert (model.attention_dropout, model.activation_dropout) == (0.0, 0.0)
         # AdamW: +0.77 val on a slower machine; en->de inherits it (the config's comment)
         assert config.training_config().weight_decay == 0.1
-    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search and dropouts
+    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search, memory and dropouts
         recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
             model={**recipe.model, "attention_dropout": 0.1, "activation_dropout": 0.1},
+            eval_memory_weight=0.5,
         )
         assert config == reversed_recipe
+        assert config.memory_settings() == {"neighbors": 16, "temperature": 30.0, "weight": 0.5}
         # inherited: weight decay and de->en's batch (1,024 tokens, 800 warmup steps)
         assert config.training_config().weight_decay == 0.1
         assert (config.tokens_per_batch, config.training_config().warmup_steps) == (1024, 800)
