@@ -102,9 +102,9 @@ class DecoderStack(_Stack):
     Calling it runs the teacher-forced pass over target ids `[B, T]` and returns float32
     logits `[B, T, V]` (with `return_attention_scores`, also a list of the blocks' score
     dicts; with `return_states`, also the states the logits are projected from, `[B, T, D]`,
-    what a translation memory stores); `step` decodes one position through the key/value caches. For rows of packed
-    pairs, pass `segment_ids` and `positions` (`[B, T]`) and `encoder_segment_ids`
-    (`[B, S]`): self- and cross-attention then stay within each pair.
+    what a translation memory stores); `step` decodes one position through the key/value
+    caches. For rows of packed pairs, pass `segment_ids` and `positions` (`[B, T]`) and
+    `encoder_segment_ids` (`[B, S]`): self- and cross-attention then stay within each pair.
 
     Args:
         *args, **kwargs: the layers both stacks hold (see `_Stack`).
