@@ -31,13 +31,14 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64, help="pairs a forward pass (default 64)")
     args = parser.parse_args(argv)
 
+    from keras_transformer.inference.evaluation import read_lines
     from keras_transformer.inference.memory import build_translation_memory
     from keras_transformer.model.directory import load_model_and_tokenizer
 
     try:
         if not args.output.endswith(".npz"):
             raise ValueError(f"--output is written as .npz. Received: {args.output!r}")
-        sources, targets = (_read_lines(path) for path in (args.source, args.target))
+        sources, targets = read_lines(args.source), read_lines(args.target)
         model, tokenizer = load_model_and_tokenizer(args.model_dir)
         memory = build_translation_memory(
             model, tokenizer, sources, targets, batch_size=args.batch_size, progress=True
@@ -50,11 +51,6 @@ def main(argv=None):
         f"({memory.skipped:,} too long for the model, skipped): {args.output}"
     )
     return 0
-
-
-def _read_lines(path):
-    with open(path, encoding="utf-8") as file:
-        return file.read().splitlines()
 
 
 if __name__ == "__main__":
