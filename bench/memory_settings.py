@@ -4,8 +4,9 @@ Builds the memory of the training split from a trained model directory's own dec
 states once (`keras_transformer.inference.memory.build_translation_memory`, timed), then
 translates `val` with the model directory's search (its `eval_beam_size`,
 `eval_length_penalty`) for each setting of the grid: neighbours `k`, temperature `T`,
-the memory's weight. A weight of 0 is the model alone, the row the others are read
-against. test2016 is never scored here: the chosen setting goes into the run config
+the memory's weight, and optionally the pair search (`pairs=M`: only the keys of the `M`
+training pairs nearest each sentence) and the length penalty (`alpha=A`). A weight of 0
+is the model alone, the row the others are read against. test2016 is never scored here: the chosen setting goes into the run config
 (`eval_memory_*`), and `bench/multi30k.py` scores it there (`--rescore` for a model
 directory trained already).
 
@@ -13,7 +14,8 @@ Usage:
 
     .venv/bin/python bench/memory_settings.py ../shared/data/multi30k \\
         --model-dir saved_models/multi30k_en_de --direction en-de \\
-        --settings 16,30,0 --settings 16,30,0.3 --settings 16,30,0.5
+        --settings 16,30,0 --settings 16,30,0.5 --settings 16,30,0.5,pairs=32 \
+        --memory /tmp/en_de_train.memory.npz
 
 Adds the grid to `bench/results/memory_settings.json` (one entry per model directory)
 and prints it as a markdown table.
@@ -36,12 +38,22 @@ from bench.search_settings import read_split  # noqa: E402
 
 
 def parse_setting(text):
-    """'K,T,WEIGHT' -> (int, float, float); SystemExit naming the expected form."""
+    """'K,T,WEIGHT[,pairs=M][,alpha=A]' -> dict; SystemExit naming the expected form."""
     try:
-        neighbors, temperature, weight = text.split(",")
-        return int(neighbors), float(temperature), float(weight)
+        neighbors, temperature, weight, *options = text.split(",")
+        setting = {"neighbors": int(neighbors), "temperature": float(temperature), "weight": float(weight),
+                   "pairs": None, "alpha": None}
+        for option in options:
+            name, value = option.split("=")
+            if name not in ("pairs", "alpha"):
+                raise ValueError(name)
+            setting[name] = int(value) if name == "pairs" else float(value)
+        return setting
     except ValueError:
-        raise SystemExit(f"a setting is 'K,T,WEIGHT', for example 16,30,0.3. Received: {text!r}") from None
+        raise SystemExit(
+            "a setting is 'K,T,WEIGHT[,pairs=M][,alpha=A]', for example 16,30,0.5 or 16,30,0.5,pairs=32. "
+            f"Received: {text!r}"
+        ) from None
 
 
 def main(argv=None):
@@ -49,13 +61,15 @@ def main(argv=None):
     parser.add_argument("data_dir", help="folder with Multi30k's train and val .de/.en files")
     parser.add_argument("--model-dir", required=True, help="a trained model directory")
     parser.add_argument("--direction", required=True, choices=["de-en", "en-de"])
-    parser.add_argument("--settings", action="append", required=True, help="K,T,WEIGHT; repeat for a grid")
+    parser.add_argument("--settings", action="append", required=True,
+                        help="K,T,WEIGHT[,pairs=M][,alpha=A]; repeat for a grid")
+    parser.add_argument("--memory", help="a memory file: read if it exists, else built and written there")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "memory_settings.json"))
     args = parser.parse_args(argv)
     settings = [parse_setting(text) for text in args.settings]
 
-    from keras_transformer.inference.memory import MemoryModel, build_translation_memory
+    from keras_transformer.inference.memory import MemoryModel, TranslationMemory, build_translation_memory
     from keras_transformer.inference.translator import Translator
     from keras_transformer.model.directory import load_model_and_tokenizer, resolve_search
 
@@ -65,41 +79,59 @@ def main(argv=None):
     beam_size, alpha = resolve_search(args.model_dir)
     train_sources, train_targets = read_split(data_dir, "train", source_lang, target_lang)
     started = time.monotonic()
-    memory = build_translation_memory(model, tokenizer, train_sources, train_targets,
-                                      batch_size=args.batch_size, progress=True)
-    build_seconds = round(time.monotonic() - started, 1)
-    print(f"{memory!r}, built in {build_seconds:.0f} s", flush=True)
+    if args.memory and os.path.isfile(args.memory):
+        memory, build_seconds = TranslationMemory.load(args.memory), None
+        print(f"{memory!r}, read from {args.memory}", flush=True)
+    else:
+        memory = build_translation_memory(model, tokenizer, train_sources, train_targets,
+                                          batch_size=args.batch_size, progress=True)
+        build_seconds = round(time.monotonic() - started, 1)
+        print(f"{memory!r}, built in {build_seconds:.0f} s", flush=True)
+        if args.memory:
+            memory.save(args.memory)
     val_sources, val_references = read_split(data_dir, "val", source_lang, target_lang)
     grid = []
-    for neighbors, temperature, weight in settings:
+    for setting in settings:
         started = time.monotonic()
-        decoding_model = MemoryModel(model, memory, neighbors=neighbors, temperature=temperature, weight=weight)
-        translator = Translator(decoding_model, tokenizer, beam_size=beam_size, length_penalty=alpha,
+        decoding_model = MemoryModel(model, memory, neighbors=setting["neighbors"],
+                                     temperature=setting["temperature"], weight=setting["weight"],
+                                     pairs=setting["pairs"])
+        setting_alpha = alpha if setting["alpha"] is None else setting["alpha"]
+        translator = Translator(decoding_model, tokenizer, beam_size=beam_size, length_penalty=setting_alpha,
                                 batch_size=args.batch_size)
         scores = sacrebleu_scores(translator.translate(val_sources, progress=True), val_references)
         grid.append({
-            "neighbors": neighbors, "temperature": temperature, "weight": weight,
+            **setting, "alpha": setting_alpha,
             "bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
             "seconds": round(time.monotonic() - started, 1),
         })
-        print(f"val k {neighbors} T {temperature:g} weight {weight:g}: BLEU {grid[-1]['bleu']:.2f} "
+        print(f"val {describe(grid[-1])}: BLEU {grid[-1]['bleu']:.2f} "
               f"chrF {grid[-1]['chrf']:.2f} ({grid[-1]['seconds']:.0f} s)", flush=True)
 
     results_path = pathlib.Path(args.results)
     payload = json.loads(results_path.read_text()) if results_path.is_file() else {"benchmark": "memory_settings"}
-    payload.setdefault("runs", {})[os.path.normpath(args.model_dir)] = {
+    entry = payload.setdefault("runs", {}).setdefault(os.path.normpath(args.model_dir), {"val_grid": []})
+    entry.update({
         "direction": args.direction,
         "search": {"beam_size": beam_size, "length_penalty": alpha},
         "memory_keys": len(memory),
-        "memory_build_seconds": build_seconds,
-        "val_grid": grid,
         "machine": machine.machine_info(),
-    }
+    })
+    if build_seconds is not None:
+        entry["memory_build_seconds"] = build_seconds
+    entry["val_grid"] = entry.get("val_grid", []) + grid  # a later grid adds rows
     machine.write_json(results_path, payload)
-    print("| k | T | weight | val BLEU | val chrF | decode (s) |\n|---|---|---|---|---|---|")
-    for row in grid:
-        print(f"| {row['neighbors']} | {row['temperature']:g} | {row['weight']:g} | {row['bleu']:.2f} "
-              f"| {row['chrf']:.2f} | {row['seconds']:.0f} |")
+    print("| k | T | weight | pairs | alpha | val BLEU | val chrF | decode (s) |\n|---|---|---|---|---|---|---|---|")
+    for row in entry["val_grid"]:
+        print(f"| {row['neighbors']} | {row['temperature']:g} | {row['weight']:g} | {row.get('pairs') or 'all'} "
+              f"| {row.get('alpha', alpha):g} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['seconds']:.0f} |")
+
+
+def describe(row):
+    """'k 16 T 30 weight 0.5 pairs 32 alpha 1.4'."""
+    pairs = "all" if row["pairs"] is None else row["pairs"]
+    return (f"k {row['neighbors']} T {row['temperature']:g} weight {row['weight']:g} pairs {pairs} "
+            f"alpha {row['alpha']:g}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 import keras_transformer as kt
 from keras_transformer.inference import decoding
 from keras_transformer.inference.compiled import CompiledDecoder
-from keras_transformer.inference.memory import nearest_neighbor_log_probs, search_keys
+from keras_transformer.inference.memory import nearest_neighbor_log_probs, search_keys, source_summary
 from keras_transformer.model.directory import load_model_and_tokenizer
 from keras_transformer.train.run_config import RunConfig
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
@@ -114,14 +114,73 @@ def test_mixed_log_probs_are_the_interpolation_of_model_and_memory(model, memory
     np.testing.assert_allclose(np.exp(mixed), expected, atol=1e-5)
 
 
+def test_the_pair_index_names_each_pairs_keys_and_its_source(model, memory):
+    targets = SpaceTokenizer().encode(TARGETS)
+    assert sorted(memory.pair_lengths.tolist()) == sorted(len(t) + 1 for t in targets)
+    assert memory.pair_starts.tolist() == np.concatenate([[0], np.cumsum(memory.pair_lengths)[:-1]]).tolist()
+    encoder_outputs, mask = model.encode(ENCODER_INPUTS)
+    summaries = to_numpy(source_summary(encoder_outputs, mask))
+    np.testing.assert_allclose(np.linalg.norm(summaries, axis=1), 1.0, atol=1e-6)
+    for start, length, state in zip(memory.pair_starts, memory.pair_lengths, memory.source_states):
+        row = [target + [EOS_ID] for target in targets].index(memory.values[start : start + length].tolist())
+        np.testing.assert_allclose(state, summaries[row], atol=1e-5)  # the pair's own source
+
+
+def test_the_pair_search_reads_each_sentences_nearest_pairs_keys(model, memory):
+    # pairs=1: each sentence's nearest stored source is its own; the rest of the slots are empty.
+    one = kt.MemoryModel(model, memory, neighbors=2, pairs=1)
+    assert one.slots == 6  # min(1 * longest 6, max(6, ceil(2 * 1 * mean 5)))
+    keys, values = (to_numpy(x) for x in one.candidates(*model.encode(ENCODER_INPUTS)))
+    for row, target in enumerate(SpaceTokenizer().encode(TARGETS)):
+        own = target + [EOS_ID]
+        assert values[row].tolist() == own + [0] * (6 - len(own))
+        start = memory.pair_starts[list(memory.values[memory.pair_starts]).index(own[0])]
+        np.testing.assert_allclose(keys[row, : len(own)], search_keys(memory.keys[start : start + len(own)]))
+        assert (keys[row, len(own) :, -1] == -1e30).all()
+    # Every pair, in slots that hold every key: the same search as every key's.
+    every = kt.MemoryModel(model, memory, neighbors=3, temperature=0.5, weight=0.25, pairs=10)
+    assert (every.pairs, every.slots) == (3, 18)
+    full = kt.MemoryModel(model, memory, neighbors=3, temperature=0.5, weight=0.25)
+    decoder_inputs = np.array([[BOS_ID, 20, 21], [BOS_ID, 25, 7], [BOS_ID, 9, 30]], "int32")
+    encoder_outputs, mask = every.encode(ENCODER_INPUTS)
+    np.testing.assert_allclose(
+        to_numpy(every.decode(decoder_inputs, encoder_outputs, mask)),
+        to_numpy(full.decode(decoder_inputs, *full.encode(ENCODER_INPUTS))),
+        atol=1e-5,
+    )
+    searched = decoding.beam_decode(every, ENCODER_INPUTS, beam_size=2, max_length=6)
+    expected = decoding.beam_decode(full, ENCODER_INPUTS, beam_size=2, max_length=6)
+    np.testing.assert_array_equal(to_numpy(searched[0]), to_numpy(expected[0]))
+    np.testing.assert_allclose(to_numpy(searched[1]), to_numpy(expected[1]), atol=1e-5)
+
+
+def test_the_pair_search_fills_its_slots_nearest_pair_first(model):
+    # Six pairs of 1, 1, 1, 1, 10 and 10 keys (mean 4): pairs=2 gives 16 slots, fewer than
+    # the 20 keys of the two long pairs, which are nearest: the nearest's 10, the next's 6.
+    lengths = np.array([1, 1, 1, 1, 10, 10])
+    rng = np.random.default_rng(0)
+    sources = rng.normal(size=(6, 32)).astype("float32")
+    sources /= np.linalg.norm(sources, axis=1, keepdims=True)
+    memory = kt.TranslationMemory(rng.normal(size=(24, 32)), np.arange(24) % 30 + 1, 32,
+                                  pair_lengths=lengths, source_states=sources)
+    searcher = kt.MemoryModel(model, memory, pairs=2)
+    assert searcher.slots == 16
+    query = 0.9 * sources[5] + 0.4 * sources[4]  # pair 5 nearest, then pair 4
+    keys, values = searcher.candidates(keras.ops.array(query[None, None, :]), keras.ops.array([[True]]))
+    assert to_numpy(values)[0].tolist() == (np.arange(14, 24) % 30 + 1).tolist() + (np.arange(4, 10) % 30 + 1).tolist()
+    np.testing.assert_allclose(to_numpy(keys)[0], search_keys(np.concatenate([memory.keys[14:24], memory.keys[4:10]])),
+                               rtol=1e-6)
+
+
 @pytest.mark.parametrize("method", ["greedy", "beam"])
-def test_an_untrained_model_with_a_memory_of_the_pairs_translates_them(model, memory, method):
+@pytest.mark.parametrize("pairs", [None, 1])
+def test_an_untrained_model_with_a_memory_of_the_pairs_translates_them(model, memory, method, pairs):
     expected = np.zeros((3, 6), "int32")
     for row, target in enumerate(SpaceTokenizer().encode(TARGETS)):
         expected[row, : len(target) + 1] = target + [EOS_ID]
     alone = decoding.greedy_decode(model, ENCODER_INPUTS, max_length=6)[0]
     assert not np.array_equal(to_numpy(alone), expected)  # the model alone has learned nothing
-    mixed_model = kt.MemoryModel(model, memory, neighbors=1, temperature=1.0, weight=0.9)
+    mixed_model = kt.MemoryModel(model, memory, neighbors=1, temperature=1.0, weight=0.9, pairs=pairs)
     kwargs = {"beam_size": 3} if method == "beam" else {}
     eager = (decoding.beam_decode if method == "beam" else decoding.greedy_decode)(
         mixed_model, ENCODER_INPUTS, max_length=6, **kwargs
@@ -132,9 +191,10 @@ def test_an_untrained_model_with_a_memory_of_the_pairs_translates_them(model, me
     np.testing.assert_allclose(to_numpy(compiled[1]), to_numpy(eager[1]), atol=1e-5)
 
 
-def test_weight_zero_decodes_as_the_model_alone(model, memory):
+@pytest.mark.parametrize("pairs", [None, 2])
+def test_weight_zero_decodes_as_the_model_alone(model, memory, pairs):
     alone = decoding.beam_decode(model, ENCODER_INPUTS, beam_size=2, max_length=6)
-    tokens, scores = decoding.beam_decode(kt.MemoryModel(model, memory, weight=0.0, neighbors=4),
+    tokens, scores = decoding.beam_decode(kt.MemoryModel(model, memory, weight=0.0, neighbors=4, pairs=pairs),
                                           ENCODER_INPUTS, beam_size=2, max_length=6)
     np.testing.assert_array_equal(to_numpy(tokens), to_numpy(alone[0]))
     np.testing.assert_allclose(to_numpy(scores), to_numpy(alone[1]), atol=1e-6)
@@ -146,6 +206,11 @@ def test_a_saved_memory_loads_as_it_was_and_other_files_are_refused(memory, tmp_
     np.testing.assert_array_equal(loaded.keys, memory.keys)
     np.testing.assert_array_equal(loaded.values, memory.values)
     assert (loaded.vocab_size, loaded.skipped) == (memory.vocab_size, memory.skipped)
+    np.testing.assert_array_equal(loaded.pair_lengths, memory.pair_lengths)
+    np.testing.assert_array_equal(loaded.source_states, memory.source_states)
+    # A memory saved without the pair index loads and searches every key.
+    bare = kt.TranslationMemory(memory.keys, memory.values, memory.vocab_size)
+    assert not kt.TranslationMemory.load(bare.save(tmp_path / "bare.npz")).has_pairs
     np.savez(tmp_path / "other.npz", keys=memory.keys)
     with pytest.raises(ValueError, match="is not a TranslationMemory"):
         kt.TranslationMemory.load(tmp_path / "other.npz")
@@ -181,6 +246,19 @@ def test_bad_settings_and_mismatched_memories_are_refused_with_clear_messages(mo
         kt.TranslationMemory(np.full((1, 4), np.nan), np.array([1]), vocab_size=32)
     with pytest.raises(ValueError, match=r"eval_memory_weight.*Received: 1.5"):
         RunConfig(eval_memory_weight=1.5)
+    bare = kt.TranslationMemory(memory.keys, memory.values, memory.vocab_size)
+    with pytest.raises(ValueError, match="this memory has none .* Rebuild it with build_translation_memory"):
+        kt.MemoryModel(model, bare, pairs=2)
+    with pytest.raises(ValueError, match="pairs"):
+        kt.MemoryModel(model, memory, pairs=0)
+    with pytest.raises(ValueError, match="they sum to 14 for 15 keys"):
+        kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=[6, 4, 4],
+                             source_states=memory.source_states)
+    with pytest.raises(ValueError, match=r"\[3, 32\]. Received: shape \(3, 5\)"):
+        kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=memory.pair_lengths,
+                             source_states=np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="needs both"):
+        kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=memory.pair_lengths)
 
 
 def test_a_translator_of_the_memory_model_translates_memorised_pairs(tmp_path):

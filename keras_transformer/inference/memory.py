@@ -10,9 +10,18 @@ reads `log(weight * p_mem + (1 - weight) * p_model)`.
 
 It needs no training: the memory of the training set lets a model trained for a short
 budget copy what it has seen but not yet learned, and a memory of in-domain pairs adapts
-a model to that domain without retraining. The search is exact (every key, one matmul a
-step, in `keras.ops` on every backend), so a step costs about `2 * N * D` more FLOPs for
-`N` keys of width `D`: ~60 MFLOP a hypothesis for Multi30k's 457k training positions.
+a model to that domain without retraining. Two searches, both in `keras.ops` on every
+backend:
+
+- every key (the default): exact, one matmul a step, so a step costs about `2 * N * D`
+  more FLOPs for `N` keys of width `D` (~60 MFLOP a hypothesis for Multi30k's 457k
+  training positions);
+- the keys of the `pairs` stored pairs whose sources are nearest the sentence being
+  translated (`MemoryModel(..., pairs=32)`): the memory also keeps one vector per pair
+  (its source's mean encoder state), each sentence looks up its nearest pairs once, after
+  the encoder, and every step then reads only their few hundred keys, so a step costs
+  the same whatever the memory's size. Retrieving sentences first and searching their
+  tokens follows SK-MT (Dai et al., 2023), with the model's own encoder in place of BM25.
 
 Example:
 
@@ -43,19 +52,24 @@ class TranslationMemory:
         keys: float array `[N, D]`, one decoder state per stored target position.
         values: integer array `[N]`, the token id that followed each key.
         vocab_size: the vocabulary the values index (the model's `config.vocab_size`).
+        skipped: pairs left out when it was built (too long for the model).
+        pair_lengths: optional integer array `[P]`: the keys each stored pair holds, in
+            the order of `keys` (pair `p`'s keys follow pair `p - 1`'s); with
+            `source_states`, what `MemoryModel(..., pairs=M)` searches by.
+        source_states: optional float array `[P, D]`: each pair's source as one vector
+            (`source_summary` of the model's encoder outputs).
 
     Attributes:
-        keys: float32 numpy array `[N, D]`.
-        values: int32 numpy array `[N]`.
-        vocab_size: int.
-        skipped: pairs left out when it was built (too long for the model), or 0.
+        keys, values, vocab_size, skipped: as given (float32, int32, int, int).
+        pair_lengths: int32 `[P]` or None; pair_starts: int32 `[P]` (each pair's first
+            key) or None; source_states: float32 `[P, D]` or None.
 
     Raises:
-        ValueError: keys that are not 2-D and finite, values not one per key, or a value
-            outside `[0, vocab_size)`.
+        ValueError: keys that are not 2-D and finite, values not one per key, a value
+            outside `[0, vocab_size)`, or a pair index that does not cover the keys.
     """
 
-    def __init__(self, keys, values, vocab_size, skipped=0):
+    def __init__(self, keys, values, vocab_size, skipped=0, pair_lengths=None, source_states=None):
         keys = np.asarray(keys, dtype=np.float32)
         values = np.asarray(values)
         checks.check_positive_int("vocab_size", vocab_size)
@@ -79,28 +93,42 @@ class TranslationMemory:
         self.values = values.astype(np.int32)
         self.vocab_size = int(vocab_size)
         self.skipped = int(skipped)
+        self.pair_lengths, self.pair_starts, self.source_states = _pair_index(
+            pair_lengths, source_states, keys.shape
+        )
+
+    @property
+    def has_pairs(self):
+        """Whether it holds the pair index that `MemoryModel(..., pairs=M)` needs."""
+        return self.pair_lengths is not None
 
     def __len__(self):
         return self.keys.shape[0]
 
     def __repr__(self):
-        return f"TranslationMemory({len(self)} keys of width {self.keys.shape[1]}, vocab_size={self.vocab_size})"
+        pairs = f", {len(self.pair_lengths)} pairs" if self.has_pairs else ""
+        return (
+            f"TranslationMemory({len(self)} keys of width {self.keys.shape[1]}{pairs}, "
+            f"vocab_size={self.vocab_size})"
+        )
 
     def save(self, path):
         """Writes the memory to `path` (`.npz`), atomically; returns `path`."""
         path = os.fspath(path)
         if not path.endswith(".npz"):
             raise ValueError(f"A TranslationMemory is saved as .npz. Received: {path!r}")
+        arrays = {
+            "format": np.array(_FORMAT),
+            "keys": self.keys,
+            "values": self.values,
+            "vocab_size": np.array(self.vocab_size),
+            "skipped": np.array(self.skipped),
+        }
+        if self.has_pairs:
+            arrays.update(pair_lengths=self.pair_lengths, source_states=self.source_states)
         with atomic.atomic_path(path) as temporary:
             with open(temporary, "wb") as handle:
-                np.savez(
-                    handle,
-                    format=np.array(_FORMAT),
-                    keys=self.keys,
-                    values=self.values,
-                    vocab_size=np.array(self.vocab_size),
-                    skipped=np.array(self.skipped),
-                )
+                np.savez(handle, **arrays)
         return path
 
     @classmethod
@@ -116,7 +144,39 @@ class TranslationMemory:
                     f"{os.fspath(path)!r} is not a TranslationMemory written by TranslationMemory.save "
                     f"(expected format {_FORMAT!r})."
                 )
-            return cls(data["keys"], data["values"], int(data["vocab_size"]), int(data["skipped"]))
+            pairs = {name: data[name] for name in ("pair_lengths", "source_states") if name in data}
+            return cls(data["keys"], data["values"], int(data["vocab_size"]), int(data["skipped"]), **pairs)
+
+
+def _pair_index(pair_lengths, source_states, keys_shape):
+    """Checks the optional pair index: `(lengths, starts, states)` or three Nones."""
+    if pair_lengths is None and source_states is None:
+        return None, None, None
+    if pair_lengths is None or source_states is None:
+        raise ValueError(
+            "A TranslationMemory's pair index needs both `pair_lengths` and `source_states`. Received: "
+            f"pair_lengths={'None' if pair_lengths is None else 'an array'}, "
+            f"source_states={'None' if source_states is None else 'an array'}"
+        )
+    lengths = np.asarray(pair_lengths)
+    states = np.asarray(source_states, dtype=np.float32)
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer) or lengths.size == 0 or lengths.min() < 1:
+        raise ValueError(
+            "`pair_lengths` must be a 1-D integer array of positive key counts, one per pair. Received: "
+            f"shape {lengths.shape}, dtype {lengths.dtype}"
+        )
+    if int(lengths.sum()) != keys_shape[0]:
+        raise ValueError(
+            f"`pair_lengths` must cover the keys exactly: they sum to {int(lengths.sum())} for "
+            f"{keys_shape[0]} keys"
+        )
+    if states.shape != (lengths.size, keys_shape[1]) or not np.isfinite(states).all():
+        raise ValueError(
+            f"`source_states` must be finite, one vector of width {keys_shape[1]} per pair: "
+            f"[{lengths.size}, {keys_shape[1]}]. Received: shape {states.shape}"
+        )
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
+    return lengths.astype(np.int32), starts, states
 
 
 def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=64, progress=False):
@@ -134,7 +194,9 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
         progress: show Keras' progress bar.
 
     Returns:
-        A `TranslationMemory` with one key per target token (EOS included).
+        A `TranslationMemory` with one key per target token (EOS included) and the pair
+        index (each pair's key count and `source_summary`) that `MemoryModel(...,
+        pairs=M)` searches by.
 
     Raises:
         ValueError: lists of different lengths, or no pair that fits the model.
@@ -162,7 +224,7 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
         )
     fits.sort(key=lambda i: (len(target_ids[i]), len(source_ids[i])))
     bar = keras.utils.Progbar(len(fits), unit_name="pair") if progress else None
-    keys, values = [], []
+    keys, values, lengths, summaries = [], [], [], []
     for start in range(0, len(fits), batch_size):
         rows = fits[start : start + batch_size]
         source_len = max(len(source_ids[i]) for i in rows) + 1
@@ -174,21 +236,42 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
             encoder_inputs[row, : len(source_ids[i]) + 1] = source_ids[i] + [EOS_ID]
             decoder_inputs[row, : len(target_ids[i]) + 1] = [BOS_ID] + target_ids[i]
             next_tokens[row, : len(target_ids[i]) + 1] = target_ids[i] + [EOS_ID]
-        states = _decoder_states(model, encoder_inputs, decoder_inputs)
+        states, summary = _decoder_states(model, encoder_inputs, decoder_inputs)
         real = next_tokens != 0
-        keys.append(states[real])
+        keys.append(states[real])  # row-major: each pair's keys in a run, in `rows` order
         values.append(next_tokens[real])
+        lengths.append(real.sum(axis=1))
+        summaries.append(summary)
         if bar is not None:
             bar.add(len(rows))
     return TranslationMemory(
-        np.concatenate(keys), np.concatenate(values), model.config.vocab_size, skipped=len(sources) - len(fits)
+        np.concatenate(keys),
+        np.concatenate(values),
+        model.config.vocab_size,
+        skipped=len(sources) - len(fits),
+        pair_lengths=np.concatenate(lengths),
+        source_states=np.concatenate(summaries),
     )
 
 
 def _decoder_states(model, encoder_inputs, decoder_inputs):
+    """`(final decoder states [B, T, D], source summaries [B, D])`, numpy float32."""
     encoder_outputs, padding_mask = model.encode(ops.convert_to_tensor(encoder_inputs))
     _, states = model.decode(ops.convert_to_tensor(decoder_inputs), encoder_outputs, padding_mask, return_states=True)
-    return ops.convert_to_numpy(ops.cast(states, "float32"))
+    summary = source_summary(encoder_outputs, padding_mask)
+    return ops.convert_to_numpy(ops.cast(states, "float32")), ops.convert_to_numpy(summary)
+
+
+def source_summary(encoder_outputs, padding_mask):
+    """One unit vector per source: the mean of its encoder states over real tokens, `[B, D]`.
+
+    What the pair search compares (by dot product, a cosine) to find the stored pairs
+    nearest a sentence.
+    """
+    mask = ops.cast(padding_mask, "float32")[:, :, None]
+    total = ops.sum(ops.cast(encoder_outputs, "float32") * mask, axis=1)
+    mean = total / ops.maximum(ops.sum(mask, axis=1), 1.0)
+    return mean / ops.maximum(ops.norm(mean, axis=-1, keepdims=True), 1e-6)
 
 
 def search_keys(keys):
@@ -206,8 +289,9 @@ def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temp
 
     Args:
         states: float `[B, D]`, the decoder's final states.
-        keys: float32 `[N, D + 1]`, the memory's keys as `search_keys` writes them.
-        values: int32 `[N]`.
+        keys: float32 `[N, D + 1]`, the memory's keys as `search_keys` writes them, read
+            by every row; or `[B, C, D + 1]`, each row's own candidates (the pair search).
+        values: int32 `[N]` (or `[B, C]`), the token each key holds.
         vocab_size: int; neighbors: `k`; temperature: the softmax temperature over the
             negative squared distances.
 
@@ -223,20 +307,46 @@ def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temp
     array([[0., 1., 0.]], dtype=float32)
     """
     states = ops.cast(states, "float32")
-    batch = ops.shape(states)[0]
-    queries = ops.concatenate([states, ops.ones((batch, 1), "float32")], axis=-1)
+    if len(keys.shape) == 3:
+        return _candidate_log_probs(states[:, None, :], keys, values, vocab_size, neighbors, temperature)
+    queries = _queries(states)
     # |q|^2 - d, largest first: |q|^2 is the same for every key of a row, so it cancels
     # in the softmax below and is never added.
     scores, indices = ops.top_k(ops.matmul(queries, ops.transpose(keys)), neighbors)
+    return _neighbor_log_probs(scores, ops.take(values, indices), vocab_size, temperature)
+
+
+def _queries(states):
+    """`[q, 1]`: with keys `[2 k, -|k|^2]`, a dot product is `|q|^2 - |q - k|^2`."""
+    return ops.concatenate([states, ops.ones_like(states[..., :1])], axis=-1)
+
+
+def _candidate_log_probs(states, keys, values, vocab_size, neighbors, temperature):
+    """Each row's states `[B, T, D]` against its own keys `[B, C, D + 1]`: `[B * T, V]`."""
+    scores = ops.matmul(_queries(states), ops.transpose(keys, (0, 2, 1)))  # [B, T, C]
+    batch, length, candidates = ops.shape(scores)
+    scores, indices = ops.top_k(ops.reshape(scores, (batch * length, candidates)), neighbors)
+    # The row's values, read from the flattened [B * C] by `row * C + index`.
+    row_starts = (ops.arange(batch * length, dtype="int32") // length) * candidates
+    tokens = ops.take(ops.reshape(values, (-1,)), row_starts[:, None] + ops.cast(indices, "int32"))
+    return _neighbor_log_probs(scores, tokens, vocab_size, temperature)
+
+
+def _neighbor_log_probs(scores, tokens, vocab_size, temperature):
+    """`log sum softmax(scores / T)` per token: scores and tokens `[R, k]` -> `[R, V]`."""
+    rows_count, neighbors = ops.shape(scores)
     # softmax written out: Keras warns on a softmax over one neighbour, a valid k here.
     scaled = scores / temperature
     weights = ops.exp(scaled - ops.max(scaled, axis=-1, keepdims=True))
     weights = weights / ops.sum(weights, axis=-1, keepdims=True)
-    tokens = ops.take(values, indices)  # [B, k]
-    rows = ops.repeat(ops.arange(batch)[:, None], neighbors, axis=1)
+    rows = ops.repeat(ops.arange(rows_count)[:, None], neighbors, axis=1)
     scatter_at = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(ops.cast(tokens, rows.dtype), (-1,))], axis=-1)
-    probs = ops.scatter(scatter_at, ops.reshape(weights, (-1,)), (batch, vocab_size))  # duplicates add up
+    probs = ops.scatter(scatter_at, ops.reshape(weights, (-1,)), (rows_count, vocab_size))  # duplicates add up
     return ops.log(probs)
+
+
+# An empty candidate slot: a key no query can be near (its dot product is -1e30).
+_FAR = -1e30
 
 
 class MemoryModel:
@@ -257,14 +367,21 @@ class MemoryModel:
         weight: the memory's share of the next-token distribution, in [0, 1) (0.5, with
             the two above the best of a grid on Multi30k en->de val); 0 decodes exactly
             as `model` alone.
+        pairs: None (default) searches every key at every step. An int `M` searches only
+            the keys of the `M` stored pairs whose sources are nearest each sentence's
+            (cosine of `source_summary`, looked up once after the encoder): a step then
+            costs the same whatever the memory's size. Needs a memory with the pair index
+            (`build_translation_memory` writes it). The nearest pairs' keys fill
+            `slots = min(M * longest, max(longest, ceil(2 * M * mean)))` candidates, nearest
+            pair first (`longest` and `mean`: keys a pair holds in the memory).
 
     Raises:
         TypeError: a model that is not a Transformer, or a memory that is not a TranslationMemory.
         ValueError: a memory of another width or vocabulary, a non-positive temperature,
-            or a weight outside [0, 1).
+            a weight outside [0, 1), or `pairs` with a memory that has no pair index.
     """
 
-    def __init__(self, model, memory, *, neighbors=16, temperature=30.0, weight=0.5):
+    def __init__(self, model, memory, *, neighbors=16, temperature=30.0, weight=0.5, pairs=None):
         from keras_transformer.model.transformer import Transformer
 
         if not isinstance(model, Transformer):
@@ -286,54 +403,143 @@ class MemoryModel:
             raise ValueError(f"`weight` is the memory's share, in [0, 1). Received: {weight!r}")
         self.model = model
         self.memory = memory
-        self.neighbors = min(int(neighbors), len(memory))
         self.temperature = float(temperature)
         self.weight = float(weight)
         self.config = model.config
         # Variables, so that a compiled search reads them as it reads the weights.
         self._keys = keras.Variable(search_keys(memory.keys), trainable=False, name="memory_keys")
         self._values = keras.Variable(memory.values, trainable=False, dtype="int32", name="memory_values")
+        self._pair_variables = []
+        self.pairs = self.slots = None
+        if pairs is None:
+            self.neighbors = min(int(neighbors), len(memory))
+            return
+        checks.check_positive_int("pairs", pairs)
+        if not memory.has_pairs:
+            raise ValueError(
+                "`pairs` searches the keys of the pairs nearest each sentence, which needs the memory's pair "
+                "index; this memory has none (built before it was kept). Rebuild it with "
+                "build_translation_memory (or kt-build-memory), or pass pairs=None to search every key."
+            )
+        lengths = memory.pair_lengths
+        self.pairs = min(int(pairs), len(lengths))
+        self._span = int(lengths.max())
+        self.slots = min(self.pairs * self._span, max(self._span, math.ceil(2 * self.pairs * float(lengths.mean()))))
+        self.neighbors = min(int(neighbors), self.slots)
+        self._pair_variables = [
+            keras.Variable(memory.source_states, trainable=False, name="memory_source_states"),
+            keras.Variable(memory.pair_starts, trainable=False, dtype="int32", name="memory_pair_starts"),
+            keras.Variable(lengths, trainable=False, dtype="int32", name="memory_pair_lengths"),
+        ]
 
     def __repr__(self):
+        pairs = "" if self.pairs is None else f", pairs={self.pairs}"
         return (
             f"MemoryModel({self.memory!r}, neighbors={self.neighbors}, temperature={self.temperature:g}, "
-            f"weight={self.weight:g})"
+            f"weight={self.weight:g}{pairs})"
         )
+
+    @property
+    def _reads_pairs(self):
+        """Whether the search carries each sentence's candidates (pairs, a weight > 0)."""
+        return self.pairs is not None and self.weight > 0
 
     @property
     def variables(self):
         """The model's variables, then the memory's (what a compiled search reads)."""
-        return list(self.model.variables) + [self._keys, self._values]
+        return list(self.model.variables) + [self._keys, self._values] + self._pair_variables
 
     # ------------------------------------------------- the searches' model interface
     def encode(self, encoder_inputs, training=False):
-        return self.model.encode(encoder_inputs, training=training)
+        """The model's `(encoder outputs, padding_mask)`.
+
+        With `pairs`, the outputs are `(outputs [B, S, D], candidate keys [B, C, D + 1],
+        candidate values [B, C])`: each sentence's nearest pairs' keys, which
+        `initial_cache` passes on in the cross-attention caches (tiled to the beams).
+        """
+        encoder_outputs, padding_mask = self.model.encode(encoder_inputs, training=training)
+        if not self._reads_pairs:
+            return encoder_outputs, padding_mask
+        return (encoder_outputs, *self.candidates(encoder_outputs, padding_mask)), padding_mask
+
+    def candidates(self, encoder_outputs, padding_mask):
+        """The keys of each sentence's `pairs` nearest stored pairs: `([B, C, D + 1], [B, C])`.
+
+        Slots past the pairs' keys hold a key no state is near, with value 0.
+        """
+        source_states, pair_starts, pair_lengths = self._pair_variables
+        summary = source_summary(encoder_outputs, padding_mask)
+        _, nearest = ops.top_k(ops.matmul(summary, ops.transpose(source_states)), self.pairs)  # [B, M]
+        batch = ops.shape(summary)[0]
+        offsets = ops.arange(self._span, dtype="int32")
+        positions = ops.reshape(ops.take(pair_starts, nearest)[:, :, None] + offsets, (batch, -1))
+        valid = ops.reshape(offsets < ops.take(pair_lengths, nearest)[:, :, None], (batch, -1))
+        # The first `slots` real positions, nearest pair first: the largest of -position
+        # among the real ones (every padding slot ranks below).
+        order = ops.cast(ops.arange(self.pairs * self._span), "float32")
+        _, chosen = ops.top_k(ops.where(valid, -order, -order - self.pairs * self._span), self.slots)
+        positions = ops.take_along_axis(positions, chosen, axis=1)
+        valid = ops.take_along_axis(valid, chosen, axis=1)
+        positions = ops.where(valid, positions, 0)
+        far = ops.concatenate([ops.zeros((self.config.d_model,)), ops.array([_FAR])], axis=0)
+        keys = ops.where(valid[:, :, None], ops.take(self._keys, positions, axis=0), far)
+        values = ops.where(valid, ops.take(self._values, positions), 0)
+        return keys, values
 
     def initial_cache(self, encoder_outputs, max_target_length):
-        return self.model.initial_cache(encoder_outputs, max_target_length)
+        if not self._reads_pairs:
+            return self.model.initial_cache(encoder_outputs, max_target_length)
+        outputs, keys, values = encoder_outputs
+        self_caches, cross_caches = self.model.initial_cache(outputs, max_target_length)
+        return self_caches, (cross_caches, keys, values)
 
     def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_padding_mask):
         """One step: `(log-probabilities [B, V] with the memory mixed in, self_caches)`."""
+        candidates = None
+        if self._reads_pairs:
+            cross_caches, *candidates = cross_caches
         logits, caches, states = self.model.decode_step(
             token_ids, index, self_caches, cross_caches, encoder_padding_mask, return_states=True
         )
-        return self.mix(logits, states), caches
+        return self.mix(logits, states, candidates), caches
 
     def decode(self, decoder_inputs, encoder_outputs, encoder_padding_mask, training=False):
         """Teacher-forced: the mixed log-probabilities `[B, T, V]`."""
+        candidates = None
+        if self._reads_pairs:
+            encoder_outputs, *candidates = encoder_outputs
         logits, states = self.model.decode(
             decoder_inputs, encoder_outputs, encoder_padding_mask, training=training, return_states=True
         )
         batch, length = ops.shape(states)[0], ops.shape(states)[1]
-        flat = self.mix(ops.reshape(logits, (batch * length, -1)), ops.reshape(states, (batch * length, -1)))
-        return ops.reshape(flat, (batch, length, -1))
+        log_probs = ops.log_softmax(ops.cast(ops.reshape(logits, (batch * length, -1)), "float32"), axis=-1)
+        if self.weight == 0:
+            return ops.reshape(log_probs, (batch, length, -1))
+        if candidates is None:
+            memory_log_probs = nearest_neighbor_log_probs(
+                ops.reshape(states, (batch * length, -1)), self._keys, self._values, self.config.vocab_size,
+                self.neighbors, self.temperature,
+            )
+        else:
+            memory_log_probs = _candidate_log_probs(
+                ops.cast(states, "float32"), *candidates, self.config.vocab_size, self.neighbors, self.temperature
+            )
+        return ops.reshape(self._interpolate(memory_log_probs, log_probs), (batch, length, -1))
 
-    def mix(self, logits, states):
-        """`log(weight * p_memory + (1 - weight) * softmax(logits))` for states `[B, D]`."""
+    def mix(self, logits, states, candidates=None):
+        """`log(weight * p_memory + (1 - weight) * softmax(logits))` for states `[B, D]`.
+
+        `candidates`: None searches every key; `(keys [B, C, D + 1], values [B, C])`
+        searches each row's own (what `candidates` returns, tiled to the rows).
+        """
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
         if self.weight == 0:
             return log_probs
+        keys, values = (self._keys, self._values) if candidates is None else candidates
         memory_log_probs = nearest_neighbor_log_probs(
-            states, self._keys, self._values, self.config.vocab_size, self.neighbors, self.temperature
+            states, keys, values, self.config.vocab_size, self.neighbors, self.temperature
         )
+        return self._interpolate(memory_log_probs, log_probs)
+
+    def _interpolate(self, memory_log_probs, log_probs):
         return ops.logaddexp(memory_log_probs + math.log(self.weight), log_probs + math.log(1.0 - self.weight))
