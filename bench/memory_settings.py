@@ -38,20 +38,21 @@ from bench.search_settings import read_split  # noqa: E402
 
 
 def parse_setting(text):
-    """'K,T,WEIGHT[,pairs=M][,alpha=A]' -> dict; SystemExit naming the expected form."""
+    """'K,T,WEIGHT[,pairs=M][,scale=S][,alpha=A]' -> dict; SystemExit naming the expected form."""
     try:
         neighbors, temperature, weight, *options = text.split(",")
         setting = {"neighbors": int(neighbors), "temperature": float(temperature), "weight": float(weight),
-                   "pairs": None, "alpha": None}
+                   "pairs": None, "scale": None, "alpha": None}
         for option in options:
             name, value = option.split("=")
-            if name not in ("pairs", "alpha"):
+            if name not in ("pairs", "scale", "alpha"):
                 raise ValueError(name)
             setting[name] = int(value) if name == "pairs" else float(value)
         return setting
     except ValueError:
         raise SystemExit(
-            "a setting is 'K,T,WEIGHT[,pairs=M][,alpha=A]', for example 16,30,0.5 or 16,30,0.5,pairs=32. "
+            "a setting is 'K,T,WEIGHT[,pairs=M][,scale=S][,alpha=A]', for example 16,30,0.5 or "
+            "16,30,0.5,pairs=32,scale=400. "
             f"Received: {text!r}"
         ) from None
 
@@ -62,7 +63,7 @@ def main(argv=None):
     parser.add_argument("--model-dir", required=True, help="a trained model directory")
     parser.add_argument("--direction", required=True, choices=["de-en", "en-de"])
     parser.add_argument("--settings", action="append", required=True,
-                        help="K,T,WEIGHT[,pairs=M][,alpha=A]; repeat for a grid")
+                        help="K,T,WEIGHT[,pairs=M][,scale=S][,alpha=A]; repeat for a grid")
     parser.add_argument("--memory", help="a memory file: read if it exists, else built and written there")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "memory_settings.json"))
@@ -95,7 +96,7 @@ def main(argv=None):
         started = time.monotonic()
         decoding_model = MemoryModel(model, memory, neighbors=setting["neighbors"],
                                      temperature=setting["temperature"], weight=setting["weight"],
-                                     pairs=setting["pairs"])
+                                     distance_scale=setting["scale"], pairs=setting["pairs"])
         setting_alpha = alpha if setting["alpha"] is None else setting["alpha"]
         translator = Translator(decoding_model, tokenizer, beam_size=beam_size, length_penalty=setting_alpha,
                                 batch_size=args.batch_size)
@@ -121,16 +122,19 @@ def main(argv=None):
         entry["memory_build_seconds"] = build_seconds
     entry["val_grid"] = entry.get("val_grid", []) + grid  # a later grid adds rows
     machine.write_json(results_path, payload)
-    print("| k | T | weight | pairs | alpha | val BLEU | val chrF | decode (s) |\n|---|---|---|---|---|---|---|---|")
+    print("| k | T | weight | distance scale | pairs | alpha | val BLEU | val chrF | decode (s) |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for row in entry["val_grid"]:
-        print(f"| {row['neighbors']} | {row['temperature']:g} | {row['weight']:g} | {row.get('pairs') or 'all'} "
-              f"| {row.get('alpha', alpha):g} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['seconds']:.0f} |")
+        print(f"| {row['neighbors']} | {row['temperature']:g} | {row['weight']:g} | {row.get('scale') or '-'} "
+              f"| {row.get('pairs') or 'all'} | {row.get('alpha', alpha):g} | {row['bleu']:.2f} | {row['chrf']:.2f} "
+              f"| {row['seconds']:.0f} |")
 
 
 def describe(row):
-    """'k 16 T 30 weight 0.5 pairs 32 alpha 1.4'."""
+    """'k 16 T 30 weight 0.5 scale 400 pairs 32 alpha 1.4'."""
     pairs = "all" if row["pairs"] is None else row["pairs"]
-    return (f"k {row['neighbors']} T {row['temperature']:g} weight {row['weight']:g} pairs {pairs} "
+    scale = "-" if row["scale"] is None else f"{row['scale']:g}"
+    return (f"k {row['neighbors']} T {row['temperature']:g} weight {row['weight']:g} scale {scale} pairs {pairs} "
             f"alpha {row['alpha']:g}")
 
 

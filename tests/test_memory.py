@@ -19,7 +19,7 @@ from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 import keras_transformer as kt
 from keras_transformer.inference import decoding
 from keras_transformer.inference.compiled import CompiledDecoder
-from keras_transformer.inference.memory import nearest_neighbor_log_probs, search_keys, source_summary
+from keras_transformer.inference.memory import nearest_neighbor_log_probs, piece_table, search_keys
 from keras_transformer.model.directory import load_model_and_tokenizer
 from keras_transformer.train.run_config import RunConfig
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
@@ -92,8 +92,10 @@ def test_the_cached_step_returns_the_teacher_forced_states(model):
         np.testing.assert_allclose(to_numpy(step_logits), to_numpy(logits)[:, index], atol=1e-4)
 
 
-def test_mixed_log_probs_are_the_interpolation_of_model_and_memory(model, memory):
-    mixed_model = kt.MemoryModel(model, memory, neighbors=3, temperature=0.5, weight=0.25)
+@pytest.mark.parametrize("distance_scale", [None, 3.0])
+def test_mixed_log_probs_are_the_interpolation_of_model_and_memory(model, memory, distance_scale):
+    mixed_model = kt.MemoryModel(model, memory, neighbors=3, temperature=0.5, weight=0.25,
+                                 distance_scale=distance_scale)
     encoder_outputs, mask = model.encode(ENCODER_INPUTS)
     decoder_inputs = np.array([[BOS_ID, 20, 21], [BOS_ID, 25, 7], [BOS_ID, 9, 30]], "int32")
     mixed = to_numpy(mixed_model.decode(decoder_inputs, encoder_outputs, mask))
@@ -110,27 +112,36 @@ def test_mixed_log_probs_are_the_interpolation_of_model_and_memory(model, memory
             weights = np.exp(-(distances[nearest] - distances[nearest].min()) / 0.5)
             memory_probs = np.zeros(model_probs.shape[-1])
             np.add.at(memory_probs, memory.values[nearest], weights / weights.sum())
-            expected[row, position] = 0.25 * memory_probs + 0.75 * model_probs[row, position]
+            # The share falls with the nearest key's squared distance when a scale is set.
+            share = 0.25 if distance_scale is None else 0.25 * np.exp(-distances.min() / distance_scale)
+            expected[row, position] = share * memory_probs + (1 - share) * model_probs[row, position]
     np.testing.assert_allclose(np.exp(mixed), expected, atol=1e-5)
 
 
-def test_the_pair_index_names_each_pairs_keys_and_its_source(model, memory):
-    targets = SpaceTokenizer().encode(TARGETS)
+def test_the_pair_index_names_each_pairs_keys_and_its_source(memory):
+    targets, sources = SpaceTokenizer().encode(TARGETS), SpaceTokenizer().encode(SOURCES)
     assert sorted(memory.pair_lengths.tolist()) == sorted(len(t) + 1 for t in targets)
     assert memory.pair_starts.tolist() == np.concatenate([[0], np.cumsum(memory.pair_lengths)[:-1]]).tolist()
-    encoder_outputs, mask = model.encode(ENCODER_INPUTS)
-    summaries = to_numpy(source_summary(encoder_outputs, mask))
-    np.testing.assert_allclose(np.linalg.norm(summaries, axis=1), 1.0, atol=1e-6)
-    for start, length, state in zip(memory.pair_starts, memory.pair_lengths, memory.source_states):
+    for start, length, source in zip(memory.pair_starts, memory.pair_lengths, memory.pair_sources):
         row = [target + [EOS_ID] for target in targets].index(memory.values[start : start + length].tolist())
-        np.testing.assert_allclose(state, summaries[row], atol=1e-5)  # the pair's own source
+        assert source.tolist() == sources[row]  # the pair's own source
+
+
+def test_the_piece_table_is_the_embeddings_times_idf(model):
+    # Pieces 5 and 6 in all three sources, 7 in one: idf = log(4 / 4) + 1 = 1 and log(4 / 2) + 1.
+    table = piece_table(model, [np.array([5, 6, 7]), np.array([5, 6]), np.array([6, 5, 5])])
+    embeddings = to_numpy(model.encoder_stack.token_embedding.embeddings)
+    np.testing.assert_allclose(table[5], embeddings[5], rtol=1e-6)
+    np.testing.assert_allclose(table[7], embeddings[7] * (math.log(2) + 1), rtol=1e-6)
+    np.testing.assert_allclose(table[9], embeddings[9] * (math.log(4) + 1), rtol=1e-6)  # in no source
+    assert not table[[0, BOS_ID, EOS_ID]].any()
 
 
 def test_the_pair_search_reads_each_sentences_nearest_pairs_keys(model, memory):
     # pairs=1: each sentence's nearest stored source is its own; the rest of the slots are empty.
     one = kt.MemoryModel(model, memory, neighbors=2, pairs=1)
     assert one.slots == 6  # min(1 * longest 6, max(6, ceil(2 * 1 * mean 5)))
-    keys, values = (to_numpy(x) for x in one.candidates(*model.encode(ENCODER_INPUTS)))
+    keys, values = (to_numpy(x) for x in one.candidates(ENCODER_INPUTS))
     for row, target in enumerate(SpaceTokenizer().encode(TARGETS)):
         own = target + [EOS_ID]
         assert values[row].tolist() == own + [0] * (6 - len(own))
@@ -158,15 +169,13 @@ def test_the_pair_search_fills_its_slots_nearest_pair_first(model):
     # Six pairs of 1, 1, 1, 1, 10 and 10 keys (mean 4): pairs=2 gives 16 slots, fewer than
     # the 20 keys of the two long pairs, which are nearest: the nearest's 10, the next's 6.
     lengths = np.array([1, 1, 1, 1, 10, 10])
+    sources = [[20], [21], [22], [23], [5, 6], [5, 6, 7]]  # the query is pair 5's source
     rng = np.random.default_rng(0)
-    sources = rng.normal(size=(6, 32)).astype("float32")
-    sources /= np.linalg.norm(sources, axis=1, keepdims=True)
     memory = kt.TranslationMemory(rng.normal(size=(24, 32)), np.arange(24) % 30 + 1, 32,
-                                  pair_lengths=lengths, source_states=sources)
+                                  pair_lengths=lengths, pair_sources=sources)
     searcher = kt.MemoryModel(model, memory, pairs=2)
     assert searcher.slots == 16
-    query = 0.9 * sources[5] + 0.4 * sources[4]  # pair 5 nearest, then pair 4
-    keys, values = searcher.candidates(keras.ops.array(query[None, None, :]), keras.ops.array([[True]]))
+    keys, values = searcher.candidates(keras.ops.array([[5, 6, 7, EOS_ID, 0]]))
     assert to_numpy(values)[0].tolist() == (np.arange(14, 24) % 30 + 1).tolist() + (np.arange(4, 10) % 30 + 1).tolist()
     np.testing.assert_allclose(to_numpy(keys)[0], search_keys(np.concatenate([memory.keys[14:24], memory.keys[4:10]])),
                                rtol=1e-6)
@@ -207,7 +216,7 @@ def test_a_saved_memory_loads_as_it_was_and_other_files_are_refused(memory, tmp_
     np.testing.assert_array_equal(loaded.values, memory.values)
     assert (loaded.vocab_size, loaded.skipped) == (memory.vocab_size, memory.skipped)
     np.testing.assert_array_equal(loaded.pair_lengths, memory.pair_lengths)
-    np.testing.assert_array_equal(loaded.source_states, memory.source_states)
+    assert [ids.tolist() for ids in loaded.pair_sources] == [ids.tolist() for ids in memory.pair_sources]
     # A memory saved without the pair index loads and searches every key.
     bare = kt.TranslationMemory(memory.keys, memory.values, memory.vocab_size)
     assert not kt.TranslationMemory.load(bare.save(tmp_path / "bare.npz")).has_pairs
@@ -251,12 +260,17 @@ def test_bad_settings_and_mismatched_memories_are_refused_with_clear_messages(mo
         kt.MemoryModel(model, bare, pairs=2)
     with pytest.raises(ValueError, match="pairs"):
         kt.MemoryModel(model, memory, pairs=0)
+    with pytest.raises(ValueError, match="distance_scale"):
+        kt.MemoryModel(model, memory, distance_scale=-1.0)
     with pytest.raises(ValueError, match="they sum to 14 for 15 keys"):
         kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=[6, 4, 4],
-                             source_states=memory.source_states)
-    with pytest.raises(ValueError, match=r"\[3, 32\]. Received: shape \(3, 5\)"):
+                             pair_sources=memory.pair_sources)
+    with pytest.raises(ValueError, match="one source per pair: 3. Received: 2"):
         kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=memory.pair_lengths,
-                             source_states=np.zeros((3, 5)))
+                             pair_sources=memory.pair_sources[:2])
+    with pytest.raises(ValueError, match=r"token ids in \[0, 32\)"):
+        kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=memory.pair_lengths,
+                             pair_sources=[[5], [40], [6]])
     with pytest.raises(ValueError, match="needs both"):
         kt.TranslationMemory(memory.keys, memory.values, 32, pair_lengths=memory.pair_lengths)
 
@@ -299,6 +313,9 @@ def test_the_commands_build_a_memory_and_translate_with_it(tmp_path, capsys):
     memory_args = ["--memory", memory_path, "--memory-weight", "0.9", "--memory-neighbors", "1",
                    "--memory-temperature", "1"]
     assert translate.main(["--model-dir", str(model_dir), *memory_args, "--beam-size", "2", *sentences]) == 0
+    assert capsys.readouterr().out.splitlines() == targets
+    pairs_args = [*memory_args, "--memory-pairs", "1"]  # each sentence's nearest pair: its own
+    assert translate.main(["--model-dir", str(model_dir), *pairs_args, "--beam-size", "2", *sentences]) == 0
     assert capsys.readouterr().out.splitlines() == targets
     evaluate_args = ["--model-dir", str(model_dir), *memory_args, "--beam-size", "2",
                      "--source", str(tmp_path / "train.src"), "--reference", str(tmp_path / "train.tgt")]

@@ -177,7 +177,7 @@ def test_shipped_configs_parse(name):
             eval_memory_weight=0.5,
         )
         assert config == reversed_recipe
-        assert config.memory_settings() == {"neighbors": 16, "temperature": 30.0, "weight": 0.5}
+        assert config.memory_settings() == {"neighbors": 16, "temperature": 30.0, "weight": 0.5, "distance_scale": None, "pairs": None}
         # inherited: weight decay and de->en's batch (1,024 tokens, 800 warmup steps)
         assert config.training_config().weight_decay == 0.1
         assert (config.tokens_per_batch, config.training_config().warmup_steps) == (1024, 800)

@@ -221,6 +221,17 @@ def add_model_arguments(parser):
         "--memory-temperature", type=float, default=30.0,
         help="softmax temperature over the neighbours' squared distances (default 30)",
     )
+    group.add_argument(
+        "--memory-distance-scale", type=float, metavar="S",
+        help="the memory's share falls as exp(-d/S) with the squared distance d of the step's nearest "
+        "key (default: the same share every step)",
+    )
+    group.add_argument(
+        "--memory-pairs", type=int, metavar="M",
+        help="read only the keys of the M stored pairs whose sources are nearest each sentence's "
+        "(a memory kt-build-memory wrote with its pair index): a step costs the same whatever the "
+        "memory's size (default: every key)",
+    )
 
 
 def translator_source(parser, args):
@@ -241,6 +252,8 @@ def translator_source(parser, args):
                 neighbors=args.memory_neighbors,
                 temperature=args.memory_temperature,
                 weight=args.memory_weight,
+                distance_scale=args.memory_distance_scale,
+                pairs=args.memory_pairs,
             )
         except COMMAND_ERRORS as error:
             fail(parser, error)

@@ -17,11 +17,13 @@ backend:
   more FLOPs for `N` keys of width `D` (~60 MFLOP a hypothesis for Multi30k's 457k
   training positions);
 - the keys of the `pairs` stored pairs whose sources are nearest the sentence being
-  translated (`MemoryModel(..., pairs=32)`): the memory also keeps one vector per pair
-  (its source's mean encoder state), each sentence looks up its nearest pairs once, after
-  the encoder, and every step then reads only their few hundred keys, so a step costs
-  the same whatever the memory's size. Retrieving sentences first and searching their
-  tokens follows SK-MT (Dai et al., 2023), with the model's own encoder in place of BM25.
+  translated (`MemoryModel(..., pairs=64)`): the memory also keeps each pair's source
+  pieces; each sentence looks up its nearest pairs once, by the cosine of IDF-weighted
+  bags of the model's source embeddings (a dense stand-in for TF-IDF: on Multi30k it
+  finds pairs holding as many of the reference's pieces as exact TF-IDF does, and more
+  than the mean encoder state), and every step then reads only their keys, so a step
+  costs the same whatever the memory's size. Retrieving sentences first and searching
+  their tokens follows SK-MT (Dai et al., 2023), which retrieves with BM25.
 
 Example:
 
@@ -40,7 +42,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer import atomic, checks
-from keras_transformer.special_tokens import BOS_ID, EOS_ID
+from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 _FORMAT = "keras_transformer.translation_memory/1"
 
@@ -55,21 +57,21 @@ class TranslationMemory:
         skipped: pairs left out when it was built (too long for the model).
         pair_lengths: optional integer array `[P]`: the keys each stored pair holds, in
             the order of `keys` (pair `p`'s keys follow pair `p - 1`'s); with
-            `source_states`, what `MemoryModel(..., pairs=M)` searches by.
-        source_states: optional float array `[P, D]`: each pair's source as one vector
-            (`source_summary` of the model's encoder outputs).
+            `pair_sources`, what `MemoryModel(..., pairs=M)` searches by.
+        pair_sources: optional list of `P` sequences of source token ids, one per pair
+            in the same order (no EOS).
 
     Attributes:
         keys, values, vocab_size, skipped: as given (float32, int32, int, int).
         pair_lengths: int32 `[P]` or None; pair_starts: int32 `[P]` (each pair's first
-            key) or None; source_states: float32 `[P, D]` or None.
+            key) or None; pair_sources: list of `P` int32 arrays, or None.
 
     Raises:
         ValueError: keys that are not 2-D and finite, values not one per key, a value
             outside `[0, vocab_size)`, or a pair index that does not cover the keys.
     """
 
-    def __init__(self, keys, values, vocab_size, skipped=0, pair_lengths=None, source_states=None):
+    def __init__(self, keys, values, vocab_size, skipped=0, pair_lengths=None, pair_sources=None):
         keys = np.asarray(keys, dtype=np.float32)
         values = np.asarray(values)
         checks.check_positive_int("vocab_size", vocab_size)
@@ -93,8 +95,8 @@ class TranslationMemory:
         self.values = values.astype(np.int32)
         self.vocab_size = int(vocab_size)
         self.skipped = int(skipped)
-        self.pair_lengths, self.pair_starts, self.source_states = _pair_index(
-            pair_lengths, source_states, keys.shape
+        self.pair_lengths, self.pair_starts, self.pair_sources = _pair_index(
+            pair_lengths, pair_sources, keys.shape[0], self.vocab_size
         )
 
     @property
@@ -125,7 +127,11 @@ class TranslationMemory:
             "skipped": np.array(self.skipped),
         }
         if self.has_pairs:
-            arrays.update(pair_lengths=self.pair_lengths, source_states=self.source_states)
+            arrays.update(
+                pair_lengths=self.pair_lengths,
+                source_ids=np.concatenate(self.pair_sources),
+                source_lengths=np.array([len(ids) for ids in self.pair_sources], np.int64),
+            )
         with atomic.atomic_path(path) as temporary:
             with open(temporary, "wb") as handle:
                 np.savez(handle, **arrays)
@@ -144,39 +150,38 @@ class TranslationMemory:
                     f"{os.fspath(path)!r} is not a TranslationMemory written by TranslationMemory.save "
                     f"(expected format {_FORMAT!r})."
                 )
-            pairs = {name: data[name] for name in ("pair_lengths", "source_states") if name in data}
+            pairs = {}
+            if "pair_lengths" in data:
+                cuts = np.cumsum(data["source_lengths"])[:-1]
+                pairs = {"pair_lengths": data["pair_lengths"], "pair_sources": np.split(data["source_ids"], cuts)}
             return cls(data["keys"], data["values"], int(data["vocab_size"]), int(data["skipped"]), **pairs)
 
 
-def _pair_index(pair_lengths, source_states, keys_shape):
-    """Checks the optional pair index: `(lengths, starts, states)` or three Nones."""
-    if pair_lengths is None and source_states is None:
+def _pair_index(pair_lengths, pair_sources, key_count, vocab_size):
+    """Checks the optional pair index: `(lengths, starts, sources)` or three Nones."""
+    if pair_lengths is None and pair_sources is None:
         return None, None, None
-    if pair_lengths is None or source_states is None:
+    if pair_lengths is None or pair_sources is None:
         raise ValueError(
-            "A TranslationMemory's pair index needs both `pair_lengths` and `source_states`. Received: "
-            f"pair_lengths={'None' if pair_lengths is None else 'an array'}, "
-            f"source_states={'None' if source_states is None else 'an array'}"
+            "A TranslationMemory's pair index needs both `pair_lengths` and `pair_sources`. Received: "
+            f"pair_lengths={'None' if pair_lengths is None else 'given'}, "
+            f"pair_sources={'None' if pair_sources is None else 'given'}"
         )
     lengths = np.asarray(pair_lengths)
-    states = np.asarray(source_states, dtype=np.float32)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer) or lengths.size == 0 or lengths.min() < 1:
         raise ValueError(
             "`pair_lengths` must be a 1-D integer array of positive key counts, one per pair. Received: "
             f"shape {lengths.shape}, dtype {lengths.dtype}"
         )
-    if int(lengths.sum()) != keys_shape[0]:
-        raise ValueError(
-            f"`pair_lengths` must cover the keys exactly: they sum to {int(lengths.sum())} for "
-            f"{keys_shape[0]} keys"
-        )
-    if states.shape != (lengths.size, keys_shape[1]) or not np.isfinite(states).all():
-        raise ValueError(
-            f"`source_states` must be finite, one vector of width {keys_shape[1]} per pair: "
-            f"[{lengths.size}, {keys_shape[1]}]. Received: shape {states.shape}"
-        )
+    if int(lengths.sum()) != key_count:
+        raise ValueError(f"`pair_lengths` must cover the keys exactly: they sum to {int(lengths.sum())} for {key_count} keys")
+    sources = [np.asarray(ids, dtype=np.int64).reshape(-1) for ids in pair_sources]
+    if len(sources) != lengths.size:
+        raise ValueError(f"`pair_sources` needs one source per pair: {lengths.size}. Received: {len(sources)}")
+    if any(ids.size and (ids.min() < 0 or ids.max() >= vocab_size) for ids in sources):
+        raise ValueError(f"`pair_sources` holds token ids in [0, {vocab_size}). Received: an id outside it")
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
-    return lengths.astype(np.int32), starts, states
+    return lengths.astype(np.int32), starts, [ids.astype(np.int32) for ids in sources]
 
 
 def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=64, progress=False):
@@ -195,8 +200,8 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
 
     Returns:
         A `TranslationMemory` with one key per target token (EOS included) and the pair
-        index (each pair's key count and `source_summary`) that `MemoryModel(...,
-        pairs=M)` searches by.
+        index (each pair's key count and source ids) that `MemoryModel(..., pairs=M)`
+        searches by.
 
     Raises:
         ValueError: lists of different lengths, or no pair that fits the model.
@@ -224,7 +229,7 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
         )
     fits.sort(key=lambda i: (len(target_ids[i]), len(source_ids[i])))
     bar = keras.utils.Progbar(len(fits), unit_name="pair") if progress else None
-    keys, values, lengths, summaries = [], [], [], []
+    keys, values, lengths, pair_sources = [], [], [], []
     for start in range(0, len(fits), batch_size):
         rows = fits[start : start + batch_size]
         source_len = max(len(source_ids[i]) for i in rows) + 1
@@ -236,12 +241,12 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
             encoder_inputs[row, : len(source_ids[i]) + 1] = source_ids[i] + [EOS_ID]
             decoder_inputs[row, : len(target_ids[i]) + 1] = [BOS_ID] + target_ids[i]
             next_tokens[row, : len(target_ids[i]) + 1] = target_ids[i] + [EOS_ID]
-        states, summary = _decoder_states(model, encoder_inputs, decoder_inputs)
+        states = _decoder_states(model, encoder_inputs, decoder_inputs)
         real = next_tokens != 0
         keys.append(states[real])  # row-major: each pair's keys in a run, in `rows` order
         values.append(next_tokens[real])
         lengths.append(real.sum(axis=1))
-        summaries.append(summary)
+        pair_sources.extend(source_ids[i] for i in rows)
         if bar is not None:
             bar.add(len(rows))
     return TranslationMemory(
@@ -250,28 +255,37 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
         model.config.vocab_size,
         skipped=len(sources) - len(fits),
         pair_lengths=np.concatenate(lengths),
-        source_states=np.concatenate(summaries),
+        pair_sources=pair_sources,
     )
 
 
 def _decoder_states(model, encoder_inputs, decoder_inputs):
-    """`(final decoder states [B, T, D], source summaries [B, D])`, numpy float32."""
+    """The final decoder states `[B, T, D]`, numpy float32."""
     encoder_outputs, padding_mask = model.encode(ops.convert_to_tensor(encoder_inputs))
     _, states = model.decode(ops.convert_to_tensor(decoder_inputs), encoder_outputs, padding_mask, return_states=True)
-    summary = source_summary(encoder_outputs, padding_mask)
-    return ops.convert_to_numpy(ops.cast(states, "float32")), ops.convert_to_numpy(summary)
+    return ops.convert_to_numpy(ops.cast(states, "float32"))
 
 
-def source_summary(encoder_outputs, padding_mask):
-    """One unit vector per source: the mean of its encoder states over real tokens, `[B, D]`.
+def piece_table(model, pair_sources):
+    """The model's source embeddings times each piece's IDF over `pair_sources`: `[V, D]`.
 
-    What the pair search compares (by dot product, a cosine) to find the stored pairs
-    nearest a sentence.
+    A sentence's bag `sum of its pieces' rows`, normalised, is what the pair search
+    compares; PAD, BOS and EOS rows are zero (every source has them, they tell nothing).
+    IDF is the smoothed `log((1 + P) / (1 + df)) + 1` of scikit-learn's TfidfVectorizer.
     """
-    mask = ops.cast(padding_mask, "float32")[:, :, None]
-    total = ops.sum(ops.cast(encoder_outputs, "float32") * mask, axis=1)
-    mean = total / ops.maximum(ops.sum(mask, axis=1), 1.0)
-    return mean / ops.maximum(ops.norm(mean, axis=-1, keepdims=True), 1e-6)
+    vocab_size = model.config.vocab_size
+    document_frequency = np.zeros(vocab_size)
+    for ids in pair_sources:
+        document_frequency[np.unique(ids)] += 1
+    idf = np.log((1.0 + len(pair_sources)) / (1.0 + document_frequency)) + 1.0
+    embeddings = ops.convert_to_numpy(ops.cast(model.encoder_stack.token_embedding.embeddings, "float32"))
+    table = embeddings * idf[:, None].astype(np.float32)
+    table[[PAD_ID, BOS_ID, EOS_ID]] = 0.0
+    return table
+
+
+def _unit_rows(x):
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-6)
 
 
 def search_keys(keys):
@@ -284,7 +298,7 @@ def search_keys(keys):
     return np.concatenate([2.0 * keys, -np.square(keys).sum(axis=1, keepdims=True)], axis=1)
 
 
-def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temperature):
+def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temperature, return_distance=False):
     """The memory's next-token log-distribution of each state: `[B, vocab_size]`.
 
     Args:
@@ -294,10 +308,11 @@ def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temp
         values: int32 `[N]` (or `[B, C]`), the token each key holds.
         vocab_size: int; neighbors: `k`; temperature: the softmax temperature over the
             negative squared distances.
+        return_distance: also return each state's squared distance to its nearest key.
 
     Returns:
         float32 `[B, vocab_size]`: `log sum_{j in kNN, values_j = y} softmax(-d / T)_j`,
-        `-inf` for tokens no neighbour holds.
+        `-inf` for tokens no neighbour holds; with `return_distance`, also float32 `[B]`.
 
     Example:
     >>> import numpy as np
@@ -308,12 +323,18 @@ def nearest_neighbor_log_probs(states, keys, values, vocab_size, neighbors, temp
     """
     states = ops.cast(states, "float32")
     if len(keys.shape) == 3:
-        return _candidate_log_probs(states[:, None, :], keys, values, vocab_size, neighbors, temperature)
-    queries = _queries(states)
-    # |q|^2 - d, largest first: |q|^2 is the same for every key of a row, so it cancels
-    # in the softmax below and is never added.
-    scores, indices = ops.top_k(ops.matmul(queries, ops.transpose(keys)), neighbors)
-    return _neighbor_log_probs(scores, ops.take(values, indices), vocab_size, temperature)
+        log_probs, nearest = _candidate_log_probs(states[:, None, :], keys, values, vocab_size, neighbors, temperature)
+    else:
+        # |q|^2 - d, largest first: |q|^2 is the same for every key of a row, so it
+        # cancels in the softmax and is only added for the nearest distance.
+        scores, indices = ops.top_k(ops.matmul(_queries(states), ops.transpose(keys)), neighbors)
+        log_probs = _neighbor_log_probs(scores, ops.take(values, indices), vocab_size, temperature)
+        nearest = _squared_norm(states) - scores[:, 0]
+    return (log_probs, nearest) if return_distance else log_probs
+
+
+def _squared_norm(states):
+    return ops.sum(ops.square(states), axis=-1)
 
 
 def _queries(states):
@@ -322,14 +343,18 @@ def _queries(states):
 
 
 def _candidate_log_probs(states, keys, values, vocab_size, neighbors, temperature):
-    """Each row's states `[B, T, D]` against its own keys `[B, C, D + 1]`: `[B * T, V]`."""
+    """Each row's states `[B, T, D]` against its own keys `[B, C, D + 1]`.
+
+    Returns `(log-probabilities [B * T, V], nearest squared distances [B * T])`.
+    """
     scores = ops.matmul(_queries(states), ops.transpose(keys, (0, 2, 1)))  # [B, T, C]
     batch, length, candidates = ops.shape(scores)
     scores, indices = ops.top_k(ops.reshape(scores, (batch * length, candidates)), neighbors)
     # The row's values, read from the flattened [B * C] by `row * C + index`.
     row_starts = (ops.arange(batch * length, dtype="int32") // length) * candidates
     tokens = ops.take(ops.reshape(values, (-1,)), row_starts[:, None] + ops.cast(indices, "int32"))
-    return _neighbor_log_probs(scores, tokens, vocab_size, temperature)
+    nearest = ops.reshape(_squared_norm(states), (-1,)) - scores[:, 0]
+    return _neighbor_log_probs(scores, tokens, vocab_size, temperature), nearest
 
 
 def _neighbor_log_probs(scores, tokens, vocab_size, temperature):
@@ -367,9 +392,14 @@ class MemoryModel:
         weight: the memory's share of the next-token distribution, in [0, 1) (0.5, with
             the two above the best of a grid on Multi30k en->de val); 0 decodes exactly
             as `model` alone.
+        distance_scale: None (default) mixes every step with `weight`. A number `s` makes
+            the share `weight * exp(-d0 / s)`, `d0` the squared distance of the step's
+            nearest key: a step whose state is far from everything stored leans on the
+            model (the distance-aware share of SK-MT and adaptive kNN-MT).
         pairs: None (default) searches every key at every step. An int `M` searches only
             the keys of the `M` stored pairs whose sources are nearest each sentence's
-            (cosine of `source_summary`, looked up once after the encoder): a step then
+            (cosine of IDF-weighted bags of source embeddings, `piece_table`, looked up
+            once a sentence): a step then
             costs the same whatever the memory's size. Needs a memory with the pair index
             (`build_translation_memory` writes it). The nearest pairs' keys fill
             `slots = min(M * longest, max(longest, ceil(2 * M * mean)))` candidates, nearest
@@ -378,10 +408,13 @@ class MemoryModel:
     Raises:
         TypeError: a model that is not a Transformer, or a memory that is not a TranslationMemory.
         ValueError: a memory of another width or vocabulary, a non-positive temperature,
-            a weight outside [0, 1), or `pairs` with a memory that has no pair index.
+            a weight outside [0, 1), a non-positive `distance_scale`, or `pairs` with a
+            memory that has no pair index.
     """
 
-    def __init__(self, model, memory, *, neighbors=16, temperature=30.0, weight=0.5, pairs=None):
+    def __init__(
+        self, model, memory, *, neighbors=16, temperature=30.0, weight=0.5, distance_scale=None, pairs=None
+    ):
         from keras_transformer.model.transformer import Transformer
 
         if not isinstance(model, Transformer):
@@ -405,6 +438,10 @@ class MemoryModel:
         self.memory = memory
         self.temperature = float(temperature)
         self.weight = float(weight)
+        if distance_scale is not None:
+            checks.check_positive_number("distance_scale", distance_scale)
+            distance_scale = float(distance_scale)
+        self.distance_scale = distance_scale
         self.config = model.config
         # Variables, so that a compiled search reads them as it reads the weights.
         self._keys = keras.Variable(search_keys(memory.keys), trainable=False, name="memory_keys")
@@ -426,17 +463,21 @@ class MemoryModel:
         self._span = int(lengths.max())
         self.slots = min(self.pairs * self._span, max(self._span, math.ceil(2 * self.pairs * float(lengths.mean()))))
         self.neighbors = min(int(neighbors), self.slots)
+        table = piece_table(model, memory.pair_sources)
+        bags = np.stack([table[ids].sum(axis=0) for ids in memory.pair_sources])
         self._pair_variables = [
-            keras.Variable(memory.source_states, trainable=False, name="memory_source_states"),
+            keras.Variable(table, trainable=False, name="memory_piece_table"),
+            keras.Variable(_unit_rows(bags), trainable=False, name="memory_pair_bags"),
             keras.Variable(memory.pair_starts, trainable=False, dtype="int32", name="memory_pair_starts"),
             keras.Variable(lengths, trainable=False, dtype="int32", name="memory_pair_lengths"),
         ]
 
     def __repr__(self):
+        scale = "" if self.distance_scale is None else f", distance_scale={self.distance_scale:g}"
         pairs = "" if self.pairs is None else f", pairs={self.pairs}"
         return (
             f"MemoryModel({self.memory!r}, neighbors={self.neighbors}, temperature={self.temperature:g}, "
-            f"weight={self.weight:g}{pairs})"
+            f"weight={self.weight:g}{scale}{pairs})"
         )
 
     @property
@@ -460,17 +501,19 @@ class MemoryModel:
         encoder_outputs, padding_mask = self.model.encode(encoder_inputs, training=training)
         if not self._reads_pairs:
             return encoder_outputs, padding_mask
-        return (encoder_outputs, *self.candidates(encoder_outputs, padding_mask)), padding_mask
+        return (encoder_outputs, *self.candidates(encoder_inputs)), padding_mask
 
-    def candidates(self, encoder_outputs, padding_mask):
+    def candidates(self, encoder_inputs):
         """The keys of each sentence's `pairs` nearest stored pairs: `([B, C, D + 1], [B, C])`.
 
-        Slots past the pairs' keys hold a key no state is near, with value 0.
+        Nearest by the cosine of the sources' bags of pieces (`piece_table`). Slots past
+        the pairs' keys hold a key no state is near, with value 0.
         """
-        source_states, pair_starts, pair_lengths = self._pair_variables
-        summary = source_summary(encoder_outputs, padding_mask)
-        _, nearest = ops.top_k(ops.matmul(summary, ops.transpose(source_states)), self.pairs)  # [B, M]
-        batch = ops.shape(summary)[0]
+        table, pair_bags, pair_starts, pair_lengths = self._pair_variables
+        bags = ops.sum(ops.take(table, ops.cast(encoder_inputs, "int32"), axis=0), axis=1)  # PAD rows are 0
+        bags = bags / ops.maximum(ops.norm(bags, axis=-1, keepdims=True), 1e-6)
+        _, nearest = ops.top_k(ops.matmul(bags, ops.transpose(pair_bags)), self.pairs)  # [B, M]
+        batch = ops.shape(bags)[0]
         offsets = ops.arange(self._span, dtype="int32")
         positions = ops.reshape(ops.take(pair_starts, nearest)[:, :, None] + offsets, (batch, -1))
         valid = ops.reshape(offsets < ops.take(pair_lengths, nearest)[:, :, None], (batch, -1))
@@ -516,15 +559,15 @@ class MemoryModel:
         if self.weight == 0:
             return ops.reshape(log_probs, (batch, length, -1))
         if candidates is None:
-            memory_log_probs = nearest_neighbor_log_probs(
+            memory_log_probs, nearest = nearest_neighbor_log_probs(
                 ops.reshape(states, (batch * length, -1)), self._keys, self._values, self.config.vocab_size,
-                self.neighbors, self.temperature,
+                self.neighbors, self.temperature, return_distance=True,
             )
         else:
-            memory_log_probs = _candidate_log_probs(
+            memory_log_probs, nearest = _candidate_log_probs(
                 ops.cast(states, "float32"), *candidates, self.config.vocab_size, self.neighbors, self.temperature
             )
-        return ops.reshape(self._interpolate(memory_log_probs, log_probs), (batch, length, -1))
+        return ops.reshape(self._interpolate(memory_log_probs, log_probs, nearest), (batch, length, -1))
 
     def mix(self, logits, states, candidates=None):
         """`log(weight * p_memory + (1 - weight) * softmax(logits))` for states `[B, D]`.
@@ -536,10 +579,15 @@ class MemoryModel:
         if self.weight == 0:
             return log_probs
         keys, values = (self._keys, self._values) if candidates is None else candidates
-        memory_log_probs = nearest_neighbor_log_probs(
-            states, keys, values, self.config.vocab_size, self.neighbors, self.temperature
+        memory_log_probs, nearest = nearest_neighbor_log_probs(
+            states, keys, values, self.config.vocab_size, self.neighbors, self.temperature, return_distance=True
         )
-        return self._interpolate(memory_log_probs, log_probs)
+        return self._interpolate(memory_log_probs, log_probs, nearest)
 
-    def _interpolate(self, memory_log_probs, log_probs):
-        return ops.logaddexp(memory_log_probs + math.log(self.weight), log_probs + math.log(1.0 - self.weight))
+    def _interpolate(self, memory_log_probs, log_probs, nearest):
+        """`log(share * p_memory + (1 - share) * p_model)`, the share per row `[R]`."""
+        if self.distance_scale is None:
+            return ops.logaddexp(memory_log_probs + math.log(self.weight), log_probs + math.log(1.0 - self.weight))
+        # log share = log weight - d0 / s, d0 >= 0 (rounding can make it slightly negative).
+        log_share = math.log(self.weight) - ops.maximum(nearest, 0.0)[:, None] / self.distance_scale
+        return ops.logaddexp(memory_log_probs + log_share, log_probs + ops.log1p(-ops.exp(log_share)))

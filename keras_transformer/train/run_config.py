@@ -36,7 +36,7 @@ RESUMABLE_CHANGES = frozenset({
     "bleu_every_epochs", "bleu_samples", "sample_translations", "eval_decode",
     "eval_beam_size", "eval_length_penalty", "eval_batch_size", "early_stopping_patience",
     "early_stopping_monitor", "early_stopping_min_delta", "eval_memory_weight",
-    "eval_memory_neighbors", "eval_memory_temperature",
+    "eval_memory_neighbors", "eval_memory_temperature", "eval_memory_pairs", "eval_memory_distance_scale",
 })
 # The key of a TOML run config that names the file it builds on (RunConfig.from_toml).
 EXTENDS_KEY = "extends"
@@ -161,9 +161,16 @@ class RunConfig:
     # distribution (0: none), the neighbours each step reads, and the softmax temperature
     # over their squared distances. Built after training from the final weights, so it
     # costs no training time; chosen on the validation split like the search.
+    # `eval_memory_distance_scale`: 0 mixes every step with the weight; s > 0 makes the
+    # share `weight * exp(-d0 / s)`, d0 the squared distance of the step's nearest key.
+    # `eval_memory_pairs`: 0 searches every key at every step; M > 0 only the keys of
+    # each sentence's M nearest training pairs (`MemoryModel(..., pairs=M)`), a step's
+    # cost then independent of the memory's size.
     eval_memory_weight: float = 0.0
     eval_memory_neighbors: int = 16
     eval_memory_temperature: float = 30.0
+    eval_memory_distance_scale: float = 0.0
+    eval_memory_pairs: int = 0
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -181,7 +188,7 @@ class RunConfig:
             checks.check_positive_int(name, getattr(self, name))
         for name in ("steps_per_epoch", "keep_checkpoints", "checkpoint_every_steps", "bleu_every_epochs",
                      "sample_translations", "max_train_pairs", "bucket_width",
-                     "tokenizer_max_sentences", "demo_num_train", "bidirectional_steps"):
+                     "tokenizer_max_sentences", "demo_num_train", "bidirectional_steps", "eval_memory_pairs"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
         for name in ("subword_sampling_source", "subword_sampling_target", "late_dropout_start"):
@@ -195,6 +202,7 @@ class RunConfig:
             )
         checks.check_non_negative_number("eval_length_penalty", self.eval_length_penalty)
         checks.check_positive_number("eval_memory_temperature", self.eval_memory_temperature)
+        checks.check_non_negative_number("eval_memory_distance_scale", self.eval_memory_distance_scale)
         if not 0 <= self.eval_memory_weight < 1:
             raise ValueError(
                 f"`eval_memory_weight` is the memory's share, in [0, 1) (0: no memory). "
@@ -294,7 +302,9 @@ class RunConfig:
 
         Example:
         >>> RunConfig(eval_memory_weight=0.3).memory_settings()
-        {'neighbors': 16, 'temperature': 30.0, 'weight': 0.3}
+        {'neighbors': 16, 'temperature': 30.0, 'weight': 0.3, 'distance_scale': None, 'pairs': None}
+        >>> RunConfig(eval_memory_weight=0.3, eval_memory_pairs=32).memory_settings()["pairs"]
+        32
         >>> RunConfig().memory_settings() is None
         True
         """
@@ -304,6 +314,8 @@ class RunConfig:
             "neighbors": self.eval_memory_neighbors,
             "temperature": float(self.eval_memory_temperature),
             "weight": float(self.eval_memory_weight),
+            "distance_scale": float(self.eval_memory_distance_scale) or None,
+            "pairs": self.eval_memory_pairs or None,
         }
 
     def model_config(self, vocab_size=None):
