@@ -19,7 +19,7 @@ from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 import keras_transformer as kt
 from keras_transformer.inference import decoding
 from keras_transformer.inference.compiled import CompiledDecoder
-from keras_transformer.inference.memory import nearest_neighbor_log_probs, piece_table, search_keys
+from keras_transformer.inference.memory import nearest_neighbor_log_probs, piece_idf, search_keys
 from keras_transformer.model.directory import load_model_and_tokenizer
 from keras_transformer.train.run_config import RunConfig
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
@@ -127,14 +127,25 @@ def test_the_pair_index_names_each_pairs_keys_and_its_source(memory):
         assert source.tolist() == sources[row]  # the pair's own source
 
 
-def test_the_piece_table_is_the_embeddings_times_idf(model):
-    # Pieces 5 and 6 in all three sources, 7 in one: idf = log(4 / 4) + 1 = 1 and log(4 / 2) + 1.
-    table = piece_table(model, [np.array([5, 6, 7]), np.array([5, 6]), np.array([6, 5, 5])])
-    embeddings = to_numpy(model.encoder_stack.token_embedding.embeddings)
-    np.testing.assert_allclose(table[5], embeddings[5], rtol=1e-6)
-    np.testing.assert_allclose(table[7], embeddings[7] * (math.log(2) + 1), rtol=1e-6)
-    np.testing.assert_allclose(table[9], embeddings[9] * (math.log(4) + 1), rtol=1e-6)  # in no source
-    assert not table[[0, BOS_ID, EOS_ID]].any()
+def test_the_pair_search_ranks_pairs_by_tf_idf_cosine(model):
+    # Pieces 5 and 6 are in all three sources, 7 in one: idf log(4 / 4) + 1 = 1 and log(4 / 2) + 1.
+    sources = [[5, 6, 7], [5, 6], [6, 5, 5]]
+    idf = piece_idf(sources, 32)
+    np.testing.assert_allclose(idf[[5, 6, 7, 9]], [1, 1, math.log(2) + 1, math.log(4) + 1], rtol=1e-6)
+    assert not idf[[0, BOS_ID, EOS_ID]].any()
+    # The query "5 7" has the TF-IDF vector (1, 0, a) over pieces (5, 6, 7), a = log 2 + 1;
+    # the pairs' are (1, 1, a), (1, 1, 0) and (2, 1, 0).
+    a = math.log(2) + 1
+    n = math.sqrt(1 + a * a)
+    cosines = [(1 + a * a) / (n * math.sqrt(2 + a * a)), 1 / (n * math.sqrt(2)), 2 / (n * math.sqrt(5))]
+    order = np.argsort(cosines)[::-1]
+    assert order.tolist() == [0, 2, 1]
+    rng = np.random.default_rng(1)
+    memory = kt.TranslationMemory(rng.normal(size=(3, 32)), [11, 12, 13], 32, pair_lengths=[1, 1, 1],
+                                  pair_sources=sources)
+    for pairs in (1, 2, 3):
+        _, values = kt.MemoryModel(model, memory, pairs=pairs).candidates(keras.ops.array([[5, 7, EOS_ID, 0]]))
+        assert to_numpy(values)[0, :pairs].tolist() == [11 + p for p in order[:pairs]]
 
 
 def test_the_pair_search_reads_each_sentences_nearest_pairs_keys(model, memory):

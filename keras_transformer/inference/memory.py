@@ -18,12 +18,11 @@ backend:
   training positions);
 - the keys of the `pairs` stored pairs whose sources are nearest the sentence being
   translated (`MemoryModel(..., pairs=64)`): the memory also keeps each pair's source
-  pieces; each sentence looks up its nearest pairs once, by the cosine of IDF-weighted
-  bags of the model's source embeddings (a dense stand-in for TF-IDF: on Multi30k it
-  finds pairs holding as many of the reference's pieces as exact TF-IDF does, and more
-  than the mean encoder state), and every step then reads only their keys, so a step
-  costs the same whatever the memory's size. Retrieving sentences first and searching
-  their tokens follows SK-MT (Dai et al., 2023), which retrieves with BM25.
+  pieces; each sentence looks up its nearest pairs once, by the TF-IDF cosine of the
+  pieces (exact, in `keras.ops`: one gather and one segment sum over the stored
+  sources' pieces), and every step then reads only their keys, so a step costs the same
+  whatever the memory's size. Retrieving sentences first and searching their tokens
+  follows SK-MT (Dai et al., 2023), which retrieves with BM25.
 
 Example:
 
@@ -266,26 +265,33 @@ def _decoder_states(model, encoder_inputs, decoder_inputs):
     return ops.convert_to_numpy(ops.cast(states, "float32"))
 
 
-def piece_table(model, pair_sources):
-    """The model's source embeddings times each piece's IDF over `pair_sources`: `[V, D]`.
+def piece_idf(pair_sources, vocab_size):
+    """Each piece's inverse document frequency over the stored sources: float32 `[V]`.
 
-    A sentence's bag `sum of its pieces' rows`, normalised, is what the pair search
-    compares; PAD, BOS and EOS rows are zero (every source has them, they tell nothing).
-    IDF is the smoothed `log((1 + P) / (1 + df)) + 1` of scikit-learn's TfidfVectorizer.
+    The smoothed `log((1 + P) / (1 + df)) + 1` of scikit-learn's TfidfVectorizer; PAD,
+    BOS and EOS weigh 0 (every source has them, they tell nothing).
     """
-    vocab_size = model.config.vocab_size
     document_frequency = np.zeros(vocab_size)
     for ids in pair_sources:
         document_frequency[np.unique(ids)] += 1
     idf = np.log((1.0 + len(pair_sources)) / (1.0 + document_frequency)) + 1.0
-    embeddings = ops.convert_to_numpy(ops.cast(model.encoder_stack.token_embedding.embeddings, "float32"))
-    table = embeddings * idf[:, None].astype(np.float32)
-    table[[PAD_ID, BOS_ID, EOS_ID]] = 0.0
-    return table
+    idf[[PAD_ID, BOS_ID, EOS_ID]] = 0.0
+    return idf.astype(np.float32)
 
 
-def _unit_rows(x):
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-6)
+def _pair_piece_weights(pair_sources, idf):
+    """`(flat ids [n], owning pair [n], idf / |pair's TF-IDF vector| [n])` of every stored piece.
+
+    With the query's unit TF-IDF vector `q`, `sum over a pair's pieces of q[id] * weight`
+    is the cosine of the two TF-IDF vectors.
+    """
+    flat = np.concatenate([np.asarray(ids, np.int64) for ids in pair_sources])
+    owner = np.repeat(np.arange(len(pair_sources)), [len(ids) for ids in pair_sources])
+    distinct, counts = np.unique(owner * idf.size + flat, return_counts=True)
+    tfidf = counts * idf[distinct % idf.size]
+    norms = np.sqrt(np.bincount(distinct // idf.size, weights=tfidf**2, minlength=len(pair_sources)))
+    weights = np.where(norms[owner] > 0, idf[flat] / np.maximum(norms[owner], 1e-12), 0.0)
+    return flat.astype(np.int32), owner.astype(np.int32), weights.astype(np.float32)
 
 
 def search_keys(keys):
@@ -398,8 +404,8 @@ class MemoryModel:
             model (the distance-aware share of SK-MT and adaptive kNN-MT).
         pairs: None (default) searches every key at every step. An int `M` searches only
             the keys of the `M` stored pairs whose sources are nearest each sentence's
-            (cosine of IDF-weighted bags of source embeddings, `piece_table`, looked up
-            once a sentence): a step then
+            (TF-IDF cosine of the source pieces, `piece_idf`, looked up once a
+            sentence): a step then
             costs the same whatever the memory's size. Needs a memory with the pair index
             (`build_translation_memory` writes it). The nearest pairs' keys fill
             `slots = min(M * longest, max(longest, ceil(2 * M * mean)))` candidates, nearest
@@ -463,11 +469,13 @@ class MemoryModel:
         self._span = int(lengths.max())
         self.slots = min(self.pairs * self._span, max(self._span, math.ceil(2 * self.pairs * float(lengths.mean()))))
         self.neighbors = min(int(neighbors), self.slots)
-        table = piece_table(model, memory.pair_sources)
-        bags = np.stack([table[ids].sum(axis=0) for ids in memory.pair_sources])
+        idf = piece_idf(memory.pair_sources, memory.vocab_size)
+        flat, owner, weights = _pair_piece_weights(memory.pair_sources, idf)
         self._pair_variables = [
-            keras.Variable(table, trainable=False, name="memory_piece_table"),
-            keras.Variable(_unit_rows(bags), trainable=False, name="memory_pair_bags"),
+            keras.Variable(idf, trainable=False, name="memory_piece_idf"),
+            keras.Variable(flat, trainable=False, dtype="int32", name="memory_source_ids"),
+            keras.Variable(owner, trainable=False, dtype="int32", name="memory_source_pairs"),
+            keras.Variable(weights, trainable=False, name="memory_source_weights"),
             keras.Variable(memory.pair_starts, trainable=False, dtype="int32", name="memory_pair_starts"),
             keras.Variable(lengths, trainable=False, dtype="int32", name="memory_pair_lengths"),
         ]
@@ -506,14 +514,21 @@ class MemoryModel:
     def candidates(self, encoder_inputs):
         """The keys of each sentence's `pairs` nearest stored pairs: `([B, C, D + 1], [B, C])`.
 
-        Nearest by the cosine of the sources' bags of pieces (`piece_table`). Slots past
-        the pairs' keys hold a key no state is near, with value 0.
+        Nearest by the TF-IDF cosine of the source pieces (`piece_idf`). Slots past the
+        pairs' keys hold a key no state is near, with value 0.
         """
-        table, pair_bags, pair_starts, pair_lengths = self._pair_variables
-        bags = ops.sum(ops.take(table, ops.cast(encoder_inputs, "int32"), axis=0), axis=1)  # PAD rows are 0
-        bags = bags / ops.maximum(ops.norm(bags, axis=-1, keepdims=True), 1e-6)
-        _, nearest = ops.top_k(ops.matmul(bags, ops.transpose(pair_bags)), self.pairs)  # [B, M]
-        batch = ops.shape(bags)[0]
+        idf, source_ids, source_pairs, source_weights, pair_starts, pair_lengths = self._pair_variables
+        ids = ops.cast(encoder_inputs, "int32")
+        batch, length = ops.shape(ids)
+        rows = ops.repeat(ops.arange(batch, dtype="int32")[:, None], length, axis=1)
+        at = ops.stack([ops.reshape(rows, (-1,)), ops.reshape(ids, (-1,))], axis=-1)
+        query = ops.scatter(at, ops.reshape(ops.take(idf, ids), (-1,)), (batch, self.config.vocab_size))  # tf * idf
+        query = query / ops.maximum(ops.norm(query, axis=-1, keepdims=True), 1e-6)
+        # cosine[p, b] = sum over pair p's pieces of query[b, id] * weight: a gather of the
+        # stored pieces' query entries, summed per pair.
+        per_piece = ops.take(ops.transpose(query), source_ids, axis=0) * source_weights[:, None]  # [n, B]
+        cosine = ops.segment_sum(per_piece, source_pairs, num_segments=len(self.memory.pair_lengths))
+        _, nearest = ops.top_k(ops.transpose(cosine), self.pairs)  # [B, M]
         offsets = ops.arange(self._span, dtype="int32")
         positions = ops.reshape(ops.take(pair_starts, nearest)[:, :, None] + offsets, (batch, -1))
         valid = ops.reshape(offsets < ops.take(pair_lengths, nearest)[:, :, None], (batch, -1))
