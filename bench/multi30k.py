@@ -546,8 +546,10 @@ def _memory_cell(run, scores):
     if scores is None:
         return ""
     memory = run["memory"]
+    scale = f", scale {memory['distance_scale']:g}" if memory.get("distance_scale") else ""
+    pairs = f", {memory['pairs']} pairs" if memory.get("pairs") else ""
     return (f"{scores['bleu']:.2f} (k {memory['neighbors']}, T {memory['temperature']:g}, "
-            f"weight {memory['weight']:g})")
+            f"weight {memory['weight']:g}{scale}{pairs})")
 
 
 if __name__ == "__main__":

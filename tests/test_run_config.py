@@ -174,10 +174,12 @@ def test_shipped_configs_parse(name):
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
             model={**recipe.model, "attention_dropout": 0.1, "activation_dropout": 0.1},
-            eval_memory_weight=0.5,
+            eval_memory_weight=0.7, eval_memory_distance_scale=400.0,
         )
         assert config == reversed_recipe
-        assert config.memory_settings() == {"neighbors": 16, "temperature": 30.0, "weight": 0.5, "distance_scale": None, "pairs": None}
+        assert config.memory_settings() == {
+            "neighbors": 16, "temperature": 30.0, "weight": 0.7, "distance_scale": 400.0, "pairs": None
+        }
         # inherited: weight decay and de->en's batch (1,024 tokens, 800 warmup steps)
         assert config.training_config().weight_decay == 0.1
         assert (config.tokens_per_batch, config.training_config().warmup_steps) == (1024, 800)
