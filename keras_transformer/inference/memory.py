@@ -173,7 +173,9 @@ def _pair_index(pair_lengths, pair_sources, key_count, vocab_size):
             f"shape {lengths.shape}, dtype {lengths.dtype}"
         )
     if int(lengths.sum()) != key_count:
-        raise ValueError(f"`pair_lengths` must cover the keys exactly: they sum to {int(lengths.sum())} for {key_count} keys")
+        raise ValueError(
+            f"`pair_lengths` must cover the keys exactly: they sum to {int(lengths.sum())} for {key_count} keys"
+        )
     sources = [np.asarray(ids, dtype=np.int64).reshape(-1) for ids in pair_sources]
     if len(sources) != lengths.size:
         raise ValueError(f"`pair_sources` needs one source per pair: {lengths.size}. Received: {len(sources)}")
@@ -406,12 +408,11 @@ class MemoryModel:
             model (the distance-aware share of SK-MT and adaptive kNN-MT).
         pairs: None (default) searches every key at every step. An int `M` searches only
             the keys of the `M` stored pairs whose sources are nearest each sentence's
-            (TF-IDF cosine of the source pieces, `piece_idf`, looked up once a
-            sentence): a step then
-            costs the same whatever the memory's size. Needs a memory with the pair index
-            (`build_translation_memory` writes it). The nearest pairs' keys fill
-            `slots = min(M * longest, max(longest, ceil(2 * M * mean)))` candidates, nearest
-            pair first (`longest` and `mean`: keys a pair holds in the memory).
+            (TF-IDF cosine of the source pieces, `piece_idf`, looked up once a sentence):
+            a step then costs the same whatever the memory's size. Needs a memory with the
+            pair index (`build_translation_memory` writes it). The nearest pairs' keys
+            fill `slots = min(M * longest, max(longest, ceil(2 * M * mean)))` candidates,
+            nearest pair first (`longest` and `mean`: keys a pair holds in the memory).
 
     Raises:
         TypeError: a model that is not a Transformer, or a memory that is not a TranslationMemory.
