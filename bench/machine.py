@@ -105,10 +105,18 @@ def run_per_backend(script, backends, arguments):
 
 
 def write_json(path, payload):
-    """Writes `payload` as indented JSON, creating the folder; returns the path."""
+    """Writes `payload` as indented JSON, creating the folder; returns the path.
+
+    Atomically: a results file holds many runs' numbers, and a benchmark stopped while
+    writing it must leave the old file, not half of a new one.
+    """
+    # Imported on first write: the package imports keras, which scripts that only read
+    # or plot results do not need.
+    from keras_transformer.atomic import atomic_path
+
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    with atomic_path(path) as temporary:
+        pathlib.Path(temporary).write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     return path
 
 

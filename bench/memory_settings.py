@@ -17,8 +17,9 @@ Usage:
         --settings 16,30,0 --settings 16,30,0.5 --settings 16,30,0.5,pairs=32 \
         --memory /tmp/en_de_train.memory.npz
 
-Adds the grid to `bench/results/memory_settings.json` (one entry per model directory)
-and prints it as a markdown table.
+Adds each setting's row to `bench/results/memory_settings.json` (one entry per model
+directory) as soon as it is decoded, so a grid stopped part way keeps what it finished,
+and prints the entry as a markdown table at the end.
 """
 
 import argparse
@@ -91,7 +92,15 @@ def main(argv=None):
         if args.memory:
             memory.save(args.memory)
     val_sources, val_references = read_split(data_dir, "val", source_lang, target_lang)
-    grid = []
+    info = {
+        "direction": args.direction,
+        "search": {"beam_size": beam_size, "length_penalty": alpha},
+        "memory_keys": len(memory),
+        "machine": machine.machine_info(),
+    }
+    if build_seconds is not None:
+        info["memory_build_seconds"] = build_seconds
+    entry = None
     for setting in settings:
         started = time.monotonic()
         decoding_model = MemoryModel(model, memory, neighbors=setting["neighbors"],
@@ -101,33 +110,36 @@ def main(argv=None):
         translator = Translator(decoding_model, tokenizer, beam_size=beam_size, length_penalty=setting_alpha,
                                 batch_size=args.batch_size)
         scores = sacrebleu_scores(translator.translate(val_sources, progress=True), val_references)
-        grid.append({
+        row = {
             **setting, "alpha": setting_alpha,
             "bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
             "seconds": round(time.monotonic() - started, 1),
-        })
-        print(f"val {describe(grid[-1])}: BLEU {grid[-1]['bleu']:.2f} "
-              f"chrF {grid[-1]['chrf']:.2f} ({grid[-1]['seconds']:.0f} s)", flush=True)
-
-    results_path = pathlib.Path(args.results)
-    payload = json.loads(results_path.read_text()) if results_path.is_file() else {"benchmark": "memory_settings"}
-    entry = payload.setdefault("runs", {}).setdefault(os.path.normpath(args.model_dir), {"val_grid": []})
-    entry.update({
-        "direction": args.direction,
-        "search": {"beam_size": beam_size, "length_penalty": alpha},
-        "memory_keys": len(memory),
-        "machine": machine.machine_info(),
-    })
-    if build_seconds is not None:
-        entry["memory_build_seconds"] = build_seconds
-    entry["val_grid"] = entry.get("val_grid", []) + grid  # a later grid adds rows
-    machine.write_json(results_path, payload)
+        }
+        print(f"val {describe(row)}: BLEU {row['bleu']:.2f} chrF {row['chrf']:.2f} ({row['seconds']:.0f} s)",
+              flush=True)
+        entry = add_row(args.results, args.model_dir, info, row)
     print("| k | T | weight | distance scale | pairs | alpha | val BLEU | val chrF | decode (s) |\n"
           "|---|---|---|---|---|---|---|---|---|")
     for row in entry["val_grid"]:
         print(f"| {row['neighbors']} | {row['temperature']:g} | {row['weight']:g} | {row.get('scale') or '-'} "
               f"| {row.get('pairs') or 'all'} | {row.get('alpha', alpha):g} | {row['bleu']:.2f} | {row['chrf']:.2f} "
               f"| {row['seconds']:.0f} |")
+
+
+def add_row(results, model_dir, info, row):
+    """Adds one setting's row to the model's entry of the results file; returns the entry.
+
+    Written after every setting, the file read again each time: a grid stopped part way
+    keeps the decodes it finished (each ~1-10 minutes of CPU), and grids of other models
+    written meanwhile stay. A later grid of the same model adds rows.
+    """
+    results_path = pathlib.Path(results)
+    payload = json.loads(results_path.read_text()) if results_path.is_file() else {"benchmark": "memory_settings"}
+    entry = payload.setdefault("runs", {}).setdefault(os.path.normpath(model_dir), {"val_grid": []})
+    entry.update(info)
+    entry.setdefault("val_grid", []).append(row)
+    machine.write_json(results_path, payload)
+    return entry
 
 
 def describe(row):

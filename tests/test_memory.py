@@ -231,6 +231,12 @@ def test_a_saved_memory_loads_as_it_was_and_other_files_are_refused(memory, tmp_
     # A memory saved without the pair index loads and searches every key.
     bare = kt.TranslationMemory(memory.keys, memory.values, memory.vocab_size)
     assert not kt.TranslationMemory.load(bare.save(tmp_path / "bare.npz")).has_pairs
+    # A file holding only part of the pair index names what it lacks.
+    with np.load(path) as data:
+        partial = {name: data[name] for name in data.files if name != "source_lengths"}
+    np.savez(tmp_path / "partial.npz", **partial)
+    with pytest.raises(ValueError, match=r"but not source_lengths.*rebuild the memory"):
+        kt.TranslationMemory.load(tmp_path / "partial.npz")
     np.savez(tmp_path / "other.npz", keys=memory.keys)
     with pytest.raises(ValueError, match="is not a TranslationMemory"):
         kt.TranslationMemory.load(tmp_path / "other.npz")

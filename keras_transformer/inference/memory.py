@@ -150,7 +150,15 @@ class TranslationMemory:
                     f"(expected format {_FORMAT!r})."
                 )
             pairs = {}
-            if "pair_lengths" in data:
+            index = ("pair_lengths", "source_ids", "source_lengths")
+            present = [name for name in index if name in data]
+            if present and len(present) < len(index):
+                raise ValueError(
+                    f"{os.fspath(path)!r} holds part of a pair index ({', '.join(present)}) but not "
+                    f"{', '.join(name for name in index if name not in data)}: expected all of {index} or "
+                    "none; rebuild the memory with build_translation_memory."
+                )
+            if present:
                 cuts = np.cumsum(data["source_lengths"])[:-1]
                 pairs = {"pair_lengths": data["pair_lengths"], "pair_sources": np.split(data["source_ids"], cuts)}
             return cls(data["keys"], data["values"], int(data["vocab_size"]), int(data["skipped"]), **pairs)
@@ -577,10 +585,7 @@ class MemoryModel:
         if self.weight == 0:
             return ops.reshape(log_probs, (batch, length, -1))
         if candidates is None:
-            memory_log_probs, nearest = nearest_neighbor_log_probs(
-                ops.reshape(states, (batch * length, -1)), self._keys, self._values, self.config.vocab_size,
-                self.neighbors, self.temperature, return_distance=True,
-            )
+            memory_log_probs, nearest = self._search_every_key(ops.reshape(states, (batch * length, -1)))
         else:
             memory_log_probs, nearest = _candidate_log_probs(
                 ops.cast(states, "float32"), *candidates, self.config.vocab_size, self.neighbors, self.temperature
@@ -596,11 +601,26 @@ class MemoryModel:
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
         if self.weight == 0:
             return log_probs
-        keys, values = (self._keys, self._values) if candidates is None else candidates
-        memory_log_probs, nearest = nearest_neighbor_log_probs(
-            states, keys, values, self.config.vocab_size, self.neighbors, self.temperature, return_distance=True
-        )
+        if candidates is None:
+            memory_log_probs, nearest = self._search_every_key(states)
+        else:
+            memory_log_probs, nearest = nearest_neighbor_log_probs(
+                states, *candidates, self.config.vocab_size, self.neighbors, self.temperature, return_distance=True
+            )
         return self._interpolate(memory_log_probs, log_probs, nearest)
+
+    def _search_every_key(self, states):
+        """`(memory log-probabilities, nearest squared distances or None)` of states `[R, D]`.
+
+        The distance is asked for only where the share reads it: a fixed share skips its
+        norm and max over every step's rows.
+        """
+        reads_distance = self.distance_scale is not None
+        result = nearest_neighbor_log_probs(
+            states, self._keys, self._values, self.config.vocab_size, self.neighbors, self.temperature,
+            return_distance=reads_distance,
+        )
+        return result if reads_distance else (result, None)
 
     def _interpolate(self, memory_log_probs, log_probs, nearest):
         """`log(share * p_memory + (1 - share) * p_model)`, the share per row `[R]`."""
