@@ -100,7 +100,6 @@ def main(argv=None):
     }
     if build_seconds is not None:
         info["memory_build_seconds"] = build_seconds
-    entry = None
     for setting in settings:
         started = time.monotonic()
         decoding_model = MemoryModel(model, memory, neighbors=setting["neighbors"],
