@@ -16,6 +16,7 @@ from keras_transformer.train.fused_adam import FusedAdam
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.precision import loss_scaled_optimizer
+from keras_transformer.train.rdrop import RDropCrossEntropy
 from keras_transformer.train.config import TrainingConfig
 from keras_transformer.train.budget_schedule import PROVISIONAL_TOTAL_STEPS, BudgetSchedule
 from keras_transformer.train.schedules import TransformerSchedule
@@ -188,7 +189,8 @@ def compile_transformer(
     """Compiles `model` with the paper's optimizer, schedule, loss and metrics.
 
     Sets `make_optimizer(model.config.d_model, training_config)`,
-    `LabelSmoothedCrossEntropy(training_config.label_smoothing)` (padding ignored) and
+    `LabelSmoothedCrossEntropy(training_config.label_smoothing)` (padding ignored; with
+    `rdrop_alpha` > 0 `RDropCrossEntropy`, whose batches must hold each example twice) and
     the metrics `MaskedAccuracy` and `Perplexity`. When the model computes in float16
     (`mixed_float16` from `model.config.dtype_policy`, or from the global policy when
     that is None), the optimizer is wrapped in `keras.optimizers.LossScaleOptimizer` so
@@ -243,12 +245,29 @@ def compile_transformer(
     optimizer = loss_scaled_optimizer(optimizer, config)
     model.compile(
         optimizer=optimizer,
-        loss=LabelSmoothedCrossEntropy(training_config.label_smoothing),
+        loss=make_loss(training_config),
         metrics=[MaskedAccuracy(), Perplexity()],
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )
     return model
+
+
+def make_loss(training_config=None):
+    """The recipe's loss: `LabelSmoothedCrossEntropy`, or `RDropCrossEntropy` with `rdrop_alpha` > 0.
+
+    R-Drop's loss expects batches holding every example twice
+    (`keras_transformer.data.duplication.duplicate_batches`); `run_training` duplicates
+    its batches when the config asks for it, a user's own `fit` must do the same.
+
+    Example:
+    >>> type(make_loss(kt.TrainingConfig(rdrop_alpha=5.0))).__name__
+    'RDropCrossEntropy'
+    """
+    training_config = _checked_training_config(training_config)
+    if training_config.rdrop_alpha:
+        return RDropCrossEntropy(training_config.rdrop_alpha, training_config.label_smoothing)
+    return LabelSmoothedCrossEntropy(training_config.label_smoothing)
 
 
 def check_jit_compile_backend(jit_compile):
@@ -284,4 +303,4 @@ def _checked_training_config(training_config):
     return training_config
 
 
-__all__ = ["compile_transformer", "make_optimizer", "make_schedule", "JIT_COMPILE_VALUES"]
+__all__ = ["compile_transformer", "make_loss", "make_optimizer", "make_schedule", "JIT_COMPILE_VALUES"]

@@ -278,9 +278,11 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
     With `bidirectional_steps` N, training starts with N batches of the pairs read both
     ways (`keras_transformer.data.bidirectional`), less those of the `completed_epochs`
     a resumed run restarts after, and repeats: each Keras epoch is then `steps_per_epoch`
-    batches (default one pass's worth of source->target batches).
+    batches (default one pass's worth of source->target batches). With `[training]
+    rdrop_alpha` > 0 every batch holds each example twice (R-Drop).
     """
     from keras_transformer.data.bidirectional import bidirectional_pairs, bidirectional_then_forward
+    from keras_transformer.data.duplication import duplicate_batches
     from keras_transformer.data.pipeline import make_dataset
 
     batching = dict(
@@ -320,6 +322,11 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
     if splits.get("validation"):
         batching["packing"] = False  # packing is for the training batches only
         validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
+    if run_config.training_config().rdrop_alpha:
+        # R-Drop's loss reads each batch as two copies; validation's too (without dropout
+        # the copies agree, so its loss is the plain cross-entropy).
+        train = duplicate_batches(train)
+        validation = duplicate_batches(validation) if validation is not None else None
     return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
 
 
