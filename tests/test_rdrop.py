@@ -170,6 +170,15 @@ def test_make_loss_and_serialization():
     assert isinstance(again, RDropCrossEntropy) and again.get_config() == loss.get_config()
 
 
+def test_a_run_on_several_replicas_is_refused_before_it_writes():
+    from keras_transformer.train.run import check_rdrop_replicas
+
+    check_rdrop_replicas(kt.TrainingConfig(rdrop_alpha=5.0), 1)
+    check_rdrop_replicas(kt.TrainingConfig(), 8)
+    with pytest.raises(ValueError, match=r"Received: rdrop_alpha=5.0, replicas=2"):
+        check_rdrop_replicas(kt.TrainingConfig(rdrop_alpha=5.0), 2)
+
+
 @pytest.mark.parametrize(
     "make, message",
     [

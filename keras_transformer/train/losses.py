@@ -142,13 +142,24 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID, *
     """
     labels = sparse_labels(labels, logits)
     log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    return token_cross_entropy_from_log_probs(
+        labels, log_probs, label_smoothing, ignore_id, differentiated=differentiated
+    )
+
+
+def token_cross_entropy_from_log_probs(labels, log_probs, label_smoothing=0.0, ignore_id=PAD_ID, *, differentiated=True):
+    """`token_cross_entropy` from float32 log-probabilities `[B, T, V]` already computed.
+
+    For a loss that needs the log-probabilities for a term of its own (R-Drop's KL): one
+    log-softmax serves both. `labels` are int `[B, T]` (`sparse_labels`).
+    """
     if ignore_id is None:
         is_real = ops.ones_like(labels, dtype="bool")
     else:
         is_real = ops.not_equal(labels, ignore_id)
     # The ignore id need not be a valid index (e.g. -100), and a bad label is no index
     # at all: gather class 0 at both, and put NaN at the bad labels below.
-    invalid = out_of_range_labels(labels, _num_classes(logits), ignore_id)
+    invalid = out_of_range_labels(labels, _num_classes(log_probs), ignore_id)
     safe_labels = ops.where(ops.logical_and(is_real, ops.logical_not(invalid)), labels, 0)
     dense = differentiated and keras.backend.backend() == "tensorflow"
     losses = smoothed_label_loss(log_probs, safe_labels, label_smoothing, dense=dense)

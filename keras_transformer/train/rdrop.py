@@ -35,6 +35,7 @@ from keras_transformer.train.losses import (
     _scale_loss_for_distribution,
     check_labels,
     sparse_labels,
+    token_cross_entropy_from_log_probs,
     token_weights,
 )
 
@@ -57,6 +58,11 @@ def symmetric_kl(logits_a, logits_b):
     """
     log_a = ops.log_softmax(ops.cast(logits_a, "float32"), axis=-1)
     log_b = ops.log_softmax(ops.cast(logits_b, "float32"), axis=-1)
+    return symmetric_kl_from_log_probs(log_a, log_b)
+
+
+def symmetric_kl_from_log_probs(log_a, log_b):
+    """`symmetric_kl` from log-probabilities already computed."""
     return ops.sum((ops.exp(log_a) - ops.exp(log_b)) * (log_a - log_b), axis=-1)
 
 
@@ -106,14 +112,18 @@ class RDropCrossEntropy(LabelSmoothedCrossEntropy):
             labels = sparse_labels(y_true, y_pred)
             check_labels(labels, y_pred, self.ignore_id)
             _check_twin_halves(labels)
-            cross_entropy = self.call(labels, y_pred)
+            # One log-softmax for both terms (the cross-entropy's and the KL's).
+            log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)
+            cross_entropy = token_cross_entropy_from_log_probs(
+                labels, log_probs, self.label_smoothing, self.ignore_id
+            )
             weights = token_weights(labels, self.ignore_id, sample_weight)
             num_real = ops.sum(token_weights(labels, self.ignore_id))
-            first, second = halves(y_pred)
+            first, second = halves(log_probs)
             first_labels, second_labels = halves(labels)
             # Pairs count where the first copy's token is real (the copies' labels match).
             pair_weights = token_weights(first_labels, self.ignore_id)
-            kl = ops.where(ops.cast(pair_weights, "bool"), symmetric_kl(first, second), 0.0)
+            kl = ops.where(ops.cast(pair_weights, "bool"), symmetric_kl_from_log_probs(first, second), 0.0)
             total = ops.sum(cross_entropy * weights) + self.alpha * ops.sum(kl) / 2.0
             # Halves that differ (or an odd batch) would pair unrelated sentences: NaN
             # where a compiled step cannot raise (see the module docstring).

@@ -159,6 +159,7 @@ def run_training(run_config, *, print_fn=print):
         # are made, and keras.distribution (JAX) is set for the scope's duration only.
         with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
             replicas = distribute.num_replicas(engine)
+            check_rdrop_replicas(run_config.training_config(), replicas)
             model = build_and_compile(run_config, config)
             # Everything is checked: from here on the run writes, in plan.staging.
             stage_run(plan, run_config, config, tokenizer, print_fn)
@@ -328,6 +329,21 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
         train = duplicate_batches(train)
         validation = duplicate_batches(validation) if validation is not None else None
     return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
+
+
+def check_rdrop_replicas(training_config, replicas):
+    """Refuses R-Drop on several replicas: each would get a share of the rows, not both copies.
+
+    `duplicate_batches` puts an example's two copies in the two halves of a batch; a
+    strategy that splits the batch by rows gives the halves to different replicas (and
+    JAX's padding to a multiple of the replicas adds rows to the second half only).
+    """
+    if training_config.rdrop_alpha and replicas > 1:
+        raise ValueError(
+            "R-Drop (rdrop_alpha > 0) trains on one device: a batch split over replicas by rows "
+            "would separate each example's two copies. Train with one replica, or without "
+            f"R-Drop. Received: rdrop_alpha={training_config.rdrop_alpha}, replicas={replicas}"
+        )
 
 
 def build_and_compile(run_config, config):
