@@ -14,7 +14,8 @@ For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DI
    the last weights and with the averaged ones, and scores each with sacreBLEU:
    cased BLEU with the default 13a tokenization (the headline figure), lowercased
    BLEU (comparable to the "lowercased, tokenized" figures published for Multi30k),
-   and chrF; the `val` split too (beam 4, last weights), the split to tune on;
+   and chrF; the `val` split too (last weights, beam 4 and the config's search), the
+   split to tune on, so each run shows whether val still prefers the config's search;
    where the config sets `eval_memory_weight`, also with the config's search and a
    translation memory of the training split (kNN-MT, built from each weights' states
    after training and timed; test2016 and val), and
@@ -235,6 +236,8 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
     val_pairs = load_corpus(run_config)["validation"]
     val_sources, val_references = [s for s, _ in val_pairs], [t for _, t in val_pairs]
     val = {"last_beam": score("last_beam", model, PAPER_SEARCH, val_sources, val_references, "val")[0]}
+    if "search" in searches:
+        val["last_search"] = score("last_search", model, config_search, val_sources, val_references, "val")[0]
     if "last" in memory_models:
         val["last_memory"] = score("last_memory", memory_models["last"], config_search, val_sources,
                                    val_references, "val")[0]
