@@ -163,7 +163,8 @@ def main(argv=None):
     plot(entry, results_path.with_suffix(".png"))
     print("| weights | " + " | ".join(entry["searches"]) + " |\n|---|" + "---|" * len(searches))
     for key, rows, label in (
-        [("step", entry["single"], "checkpoint at update {}")] + [("window", entry["windows"], "newest {} averaged")]
+        ("step", entry["single"], "checkpoint at update {}"),
+        ("window", entry["windows"], "newest {} averaged"),
     ):
         for value in sorted({row[key] for row in rows}):
             cells = [f"{row['bleu']:.2f}" for row in rows if row[key] == value]
