@@ -75,14 +75,19 @@ PAPER_SEARCH = {"beam_size": 4, "length_penalty": 0.6}
 
 
 def sacrebleu_scores(hypotheses, references):
-    """Cased BLEU (13a), lowercased BLEU and chrF of detokenized output, with signatures."""
+    """Cased BLEU (13a), its length ratio, lowercased BLEU and chrF of detokenized output,
+    with signatures."""
     import sacrebleu
 
     cased = sacrebleu.BLEU()
     lowercased = sacrebleu.BLEU(lowercase=True)
     chrf = sacrebleu.CHRF()
+    cased_score = cased.corpus_score(hypotheses, [references])
     return {
-        "bleu": cased.corpus_score(hypotheses, [references]).score,
+        "bleu": cased_score.score,
+        # Output tokens per reference token: a search tuned on a split whose references are
+        # longer than the test split's shows it here (bench/reference_shift.py).
+        "length_ratio": round(cased_score.sys_len / max(cased_score.ref_len, 1), 4),
         "bleu_lowercased": lowercased.corpus_score(hypotheses, [references]).score,
         "chrf": chrf.corpus_score(hypotheses, [references]).score,
         "signatures": {
@@ -198,7 +203,7 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
         result["decode_seconds"] = round(seconds, 1)
         print(
             f"{direction} {progress_name} {key:16s} BLEU {result['bleu']:.2f}  lowercased "
-            f"{result['bleu_lowercased']:.2f}  chrF {result['chrf']:.2f}  ({seconds:.0f} s)",
+            f"{result['bleu_lowercased']:.2f}  chrF {result['chrf']:.2f}  length {result['length_ratio']:.3f}  ({seconds:.0f} s)",
             flush=True,
         )
         return result, translations

@@ -54,6 +54,7 @@ def score(model, tokenizer, sources, references, beam_size, alpha, batch_size):
         "alpha": alpha,
         "bleu": round(scores["bleu"], 2),
         "chrf": round(scores["chrf"], 2),
+        "length_ratio": scores["length_ratio"],
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -107,9 +108,9 @@ def main(argv=None):
 
         path = write_search_settings(args.model_dir, best["beam_size"], best["alpha"])
         print(f"beam {best['beam_size']}, alpha {best['alpha']:g} saved in {path}")
-    print("| beam | alpha | val BLEU | val chrF |\n|---|---|---|---|")
+    print("| beam | alpha | val BLEU | val chrF | output/reference length |\n|---|---|---|---|---|")
     for row in grid:
-        print(f"| {row['beam_size']} | {row['alpha']:g} | {row['bleu']:.2f} | {row['chrf']:.2f} |")
+        print(f"| {row['beam_size']} | {row['alpha']:g} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['length_ratio']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -90,3 +90,11 @@ def test_main_refuses_missing_split_and_bad_direction(tmp_path):
         shift.main([str(tmp_path), "--direction", "ende", "--results", str(tmp_path / "r.json")])
     with pytest.raises(ValueError, match="as many source as target lines"):
         shift.split_stats(["a"], ["x", "y"], [])
+
+
+def test_bench_scores_record_output_length_per_reference_length():
+    from bench.multi30k import sacrebleu_scores
+
+    # 13a splits the final period off: 4 + 2 output tokens against 5 + 5 reference tokens.
+    scores = sacrebleu_scores(["Ein Hund rennt.", "Zwei Katzen"], ["Ein Hund rennt schnell.", "Zwei Katzen schlafen hier."])
+    assert scores["length_ratio"] == 0.6
