@@ -109,16 +109,14 @@ def hypothesis_stats(hypotheses, references):
 
 
 def plot(entry, path):
-    splits = list(entry["splits"])
     groups = ["target words\na source word", "target chars\na source char", "commas\na sentence"]
     keys = ["target_per_source_words", "target_per_source_chars", "commas_per_sentence"]
     for word in entry["words"][:3]:
         groups.append(f"share of '{word}'\nafter a comma")
-    series = {}
-    for split in splits:
-        stats = entry["splits"][split]
-        values = [stats[key] for key in keys] + [stats["comma_before"][word] for word in entry["words"][:3]]
-        series[split] = values
+    series = {
+        split: [stats[key] for key in keys] + [stats["comma_before"][word] for word in entry["words"][:3]]
+        for split, stats in entry["splits"].items()
+    }
     title = f"{entry['direction']} references, target side: {os.path.basename(entry['data_dir'])}"
     machine.grouped_bar_chart(path, title, "value", groups, series)
 
@@ -140,7 +138,7 @@ def main(argv=None):
     data_dir = pathlib.Path(args.data_dir)
     splits = [split for split in args.splits.split(",") if split]
     texts = {}
-    for split in splits + [args.hypothesis_split] * bool(args.hypotheses):
+    for split in splits + ([args.hypothesis_split] if args.hypotheses else []):
         paths = [data_dir / f"{split}.{lang}" for lang in (source_lang, target_lang)]
         missing = [str(path) for path in paths if not path.is_file()]
         if missing:
