@@ -38,6 +38,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # write_json imports the pac
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench import machine  # noqa: E402
+from bench.search_settings import read_split  # noqa: E402
 
 # Words, hyphenated compounds kept whole, and each punctuation mark on its own: enough to
 # see what follows a comma (sacrebleu's tokenizer is for scoring, not for this).
@@ -143,7 +144,7 @@ def main(argv=None):
         missing = [str(path) for path in paths if not path.is_file()]
         if missing:
             raise SystemExit(f"split {split!r} needs {missing}; the folder holds {sorted(p.name for p in data_dir.iterdir())}")
-        texts[split] = [read_lines(path) for path in paths]
+        texts[split] = read_split(data_dir, split, source_lang, target_lang)
 
     words = comma_followers(texts[splits[0]][1], args.top)
     entry = {
