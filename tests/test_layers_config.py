@@ -25,6 +25,11 @@ LAYERS = [
         layers.PositionwiseFeedForward, dict(hidden_dim=8, intermediate_dim=16, activation="silu", gated=True), id="FFN_gated"
     ),
     pytest.param(layers.DecoderBlock, dict(num_heads=2, intermediate_dim=16, gated_ffn=True), id="DecoderBlock_gated"),
+    pytest.param(layers.ScaleNorm, dict(epsilon=1e-4), id="ScaleNorm"),
+    pytest.param(layers.TokenEmbedding, dict(vocab_size=32, d_model=8, fix_norm=True), id="TokenEmbedding_fix_norm"),
+    pytest.param(
+        layers.DecoderBlock, dict(num_heads=2, intermediate_dim=16, normalization="scale"), id="DecoderBlock_scale_norm"
+    ),
 ]
 
 

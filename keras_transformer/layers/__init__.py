@@ -13,6 +13,7 @@ from keras_transformer.layers.embedding import (
 from keras_transformer.layers.encoder import EncoderBlock
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 from keras_transformer.layers.residual import ResidualBlock
+from keras_transformer.layers.scale_norm import ScaleNorm
 from keras_transformer.layers.word_dropout import WordDropout
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "FixedPositionEmbedding",
     "sinusoidal_table",
     "ResidualBlock",
+    "ScaleNorm",
     "EncoderBlock",
     "DecoderBlock",
     "WordDropout",

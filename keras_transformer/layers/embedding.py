@@ -10,6 +10,8 @@ from keras_transformer.layers.initializers import clone_initializer
 
 # Positions use wavelengths up to 10000 * 2 pi (Vaswani et al., 2017, 3.5).
 SINUSOID_BASE = 10000.0
+# FixNorm's floor under a row's norm: a row of zeros stays zero rather than becoming NaN.
+FIX_NORM_EPSILON = 1e-12
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -31,6 +33,12 @@ class TokenEmbedding(keras.layers.Layer):
     id must be loud, never another token's embedding. Eager calls of the model refuse
     such ids before they get here.
 
+    With `fix_norm=True` every row of the matrix is used at unit length, in both directions
+    (FixNorm: Nguyen and Chiang, 2018; with ScaleNorm in Nguyen and Salazar, 2019): an
+    embedding is `sqrt(d_model) * e / ||e||`, and the tied logits `x (E / ||E||)^T` are the
+    cosines of `x` with each word, times `||x||`, so that rare words' shorter vectors do not
+    lose to frequent words' longer ones. Not in the paper.
+
     With `output_bias=True` the reverse projection adds a learned bias, `x E^T + b`
     (`b` of shape `[vocab_size]`, zeros at first): not in the paper, but pretrained
     models such as Marian / OPUS-MT have one ("final_logits_bias").
@@ -43,6 +51,8 @@ class TokenEmbedding(keras.layers.Layer):
         scale: bool. Multiply by `sqrt(d_model)`. Defaults to True (the paper).
         output_bias: bool. Add a bias to the logits of `reverse=True`. Defaults to
             False (the paper).
+        fix_norm: bool. Use every row at unit length (FixNorm). Defaults to False (the
+            paper).
 
     Call arguments:
         inputs: int ids `[B, T]`, or hidden states `[B, T, d_model]` with `reverse=True`.
@@ -56,13 +66,21 @@ class TokenEmbedding(keras.layers.Layer):
     """
 
     def __init__(
-        self, vocab_size, d_model, embeddings_initializer=None, scale=True, output_bias=False, **kwargs
+        self,
+        vocab_size,
+        d_model,
+        embeddings_initializer=None,
+        scale=True,
+        output_bias=False,
+        fix_norm=False,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("d_model", d_model)
         check_bool("scale", scale)
         check_bool("output_bias", output_bias)
+        check_bool("fix_norm", fix_norm)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(stddev=d_model**-0.5)
         self.vocab_size = vocab_size
@@ -70,6 +88,7 @@ class TokenEmbedding(keras.layers.Layer):
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.scale = scale
         self.output_bias = output_bias
+        self.fix_norm = fix_norm
 
     def build(self, inputs_shape=None):
         self.embeddings = self.add_weight(
@@ -85,7 +104,8 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
-            kernel = ops.cast(self.embeddings, inputs.dtype)
+            kernel = self._unit_rows(self.embeddings) if self.fix_norm else self.embeddings
+            kernel = ops.cast(kernel, inputs.dtype)
             logits = ops.cast(ops.matmul(inputs, ops.transpose(kernel)), "float32")
             if self.logits_bias is not None:
                 logits = logits + ops.cast(self.logits_bias, "float32")  # added in float32, as the loss reads it
@@ -93,11 +113,20 @@ class TokenEmbedding(keras.layers.Layer):
         ids = ops.cast(inputs, "int32")
         in_range = ops.logical_and(ops.greater_equal(ids, 0), ops.less(ids, self.vocab_size))
         outputs = ops.take(self.embeddings, ops.where(in_range, ids, 0), axis=0)
+        if self.fix_norm:
+            outputs = self._unit_rows(outputs)
         outputs = ops.where(ops.expand_dims(in_range, -1), outputs, float("nan"))
         outputs = ops.cast(outputs, self.compute_dtype)
         if self.scale:
             outputs = outputs * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
         return outputs
+
+    @staticmethod
+    def _unit_rows(vectors):
+        """`vectors` divided by their norms, in float32; an all-zero row stays zero."""
+        vectors = ops.cast(vectors, "float32")
+        norms = ops.sqrt(ops.sum(ops.square(vectors), axis=-1, keepdims=True))
+        return vectors / ops.maximum(norms, FIX_NORM_EPSILON)
 
     def compute_output_shape(self, inputs_shape, reverse=False):
         if reverse:
@@ -118,6 +147,7 @@ class TokenEmbedding(keras.layers.Layer):
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
                 "scale": self.scale,
                 "output_bias": self.output_bias,
+                "fix_norm": self.fix_norm,
             }
         )
         return config

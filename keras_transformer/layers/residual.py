@@ -3,13 +3,18 @@
 import keras
 
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
+from keras_transformer.layers.scale_norm import ScaleNorm
 from keras_transformer.checks import (
     check_bool,
+    check_choice,
     check_positive_int,
     check_positive_number,
     check_rate,
 )
 from keras_transformer.layers.initializers import clone_initializer
+
+# What normalizes each sub-layer: the paper's LayerNorm, or ScaleNorm (one learned length).
+NORMALIZATIONS = ("layer", "scale")
 
 # Default `context` of `_attention_sublayer`: attend to the sub-layer input itself. A
 # sentinel, because None is a valid cross-attention context (its cache holds the keys).
@@ -38,6 +43,8 @@ class ResidualBlock(keras.layers.Layer):
         norm_first: bool. Pre-norm instead of the paper's post-norm. Defaults to False.
         layer_norm_epsilon: float. Defaults to 1e-6 (tensor2tensor's value; the paper
             does not give one).
+        normalization: "layer" (the paper's LayerNorm, the default) or "scale"
+            (`ScaleNorm`, Nguyen and Salazar, 2019: `g * x / ||x||`, one learned `g`).
         kernel_initializer, bias_initializer: initializers of every projection.
     """
 
@@ -52,6 +59,7 @@ class ResidualBlock(keras.layers.Layer):
         gated_ffn=False,
         norm_first=False,
         layer_norm_epsilon=1e-6,
+        normalization="layer",
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -66,6 +74,7 @@ class ResidualBlock(keras.layers.Layer):
         check_bool("gated_ffn", gated_ffn)
         # A NaN or infinite epsilon would make every normalized output NaN or zero.
         check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
+        check_choice("normalization", normalization, NORMALIZATIONS)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.dropout = dropout
@@ -75,6 +84,7 @@ class ResidualBlock(keras.layers.Layer):
         self.gated_ffn = gated_ffn
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.normalization = normalization
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
@@ -87,9 +97,7 @@ class ResidualBlock(keras.layers.Layer):
         return hidden_dim // self.num_heads
 
     def _build_norm(self, name, inputs_shape):
-        norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
-        )
+        norm = make_norm(self.normalization, self.layer_norm_epsilon, self.dtype_policy, name)
         norm.build(inputs_shape)
         return norm
 
@@ -191,8 +199,21 @@ class ResidualBlock(keras.layers.Layer):
                 "gated_ffn": self.gated_ffn,
                 "norm_first": self.norm_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "normalization": self.normalization,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }
         )
         return config
+
+
+def make_norm(normalization, epsilon, dtype, name):
+    """A `LayerNormalization` ("layer") or a `ScaleNorm` ("scale") named `name`, not built.
+
+    `epsilon` is LayerNorm's variance epsilon; ScaleNorm keeps its own (1e-5, a norm's floor),
+    since a variance's floor of 1e-6 and a norm's are not the same quantity.
+    """
+    check_choice("normalization", normalization, NORMALIZATIONS)
+    if normalization == "scale":
+        return ScaleNorm(dtype=dtype, name=name)
+    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)

@@ -11,6 +11,7 @@ import dataclasses
 import typing
 
 from keras_transformer import checks
+from keras_transformer.layers.residual import NORMALIZATIONS
 
 # "fixed": a table held as non-trainable weights, for checkpoints whose position
 # encodings differ from the paper's (Marian's sinusoids put every sine before every cosine).
@@ -68,6 +69,8 @@ class TransformerConfig:
     norm_first: bool = False  # the paper is post-norm (5.4); pre-norm is a departure
     position_encoding: str = "sinusoidal"  # "sinusoidal" (3.5) or "learned" (Table 3 E)
     layer_norm_epsilon: float = 1e-6  # not given in the paper; tensor2tensor's value
+    normalization: str = "layer"  # the paper's LayerNorm (5.4); "scale": ScaleNorm (Nguyen and Salazar, 2019)
+    fix_norm: bool = False  # not in the paper: embedding rows used at unit length (FixNorm)
     activation: str = "relu"  # the FFN's max(0, .) (3.3); "gelu" or "swish" for other models
     gated_ffn: bool = False  # not in the paper: the FFN's activations gated (GLU variants, Shazeer 2020)
     scale_embeddings: bool = True  # embeddings times sqrt(d_model) (3.4); some checkpoints don't
@@ -102,6 +105,7 @@ class TransformerConfig:
             )
         checks.check_choice("position_encoding", self.position_encoding, _POSITION_ENCODINGS)
         checks.check_choice("activation", self.activation, _ACTIVATIONS)
+        checks.check_choice("normalization", self.normalization, NORMALIZATIONS)
         if self.output_bias and not self.share_embeddings:
             raise ValueError(
                 "`output_bias` adds a bias to the tied pre-softmax projection; with "

@@ -23,6 +23,7 @@ from keras_transformer.layers.embedding import (
     TokenEmbedding,
 )
 from keras_transformer.layers.encoder import EncoderBlock
+from keras_transformer.layers.residual import make_norm
 from keras_transformer.layers.word_dropout import WordDropout
 
 
@@ -208,6 +209,7 @@ def build_stacks(config, dtype):
             config.d_model,
             scale=config.scale_embeddings,
             output_bias=config.output_bias,
+            fix_norm=config.fix_norm,
             dtype=dtype,
             name=name,
         )
@@ -256,17 +258,16 @@ def _stack_layers(config, dtype, side, block_class, count):
             gated_ffn=config.gated_ffn,
             norm_first=config.norm_first,
             layer_norm_epsilon=config.layer_norm_epsilon,
+            normalization=config.normalization,
             dtype=dtype,
             name=f"{side}_layer_{i}",
         )
         for i in range(count)
     ]
-    # Pre-norm leaves the residual stream unnormalized: a final LayerNorm closes it.
+    # Pre-norm leaves the residual stream unnormalized: a final norm closes it.
     final_norm = None
     if config.norm_first:
-        final_norm = keras.layers.LayerNormalization(
-            epsilon=config.layer_norm_epsilon, dtype=dtype, name=f"{side}_final_norm"
-        )
+        final_norm = make_norm(config.normalization, config.layer_norm_epsilon, dtype, f"{side}_final_norm")
     return positions, dropout, blocks, final_norm
 
 

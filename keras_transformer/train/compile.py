@@ -17,6 +17,7 @@ from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.precision import loss_scaled_optimizer
 from keras_transformer.train.rdrop import RDropCrossEntropy
+from keras_transformer.layers.scale_norm import SCALE_NORM_GAIN
 from keras_transformer.train.config import TrainingConfig
 from keras_transformer.train.budget_schedule import PROVISIONAL_TOTAL_STEPS, BudgetSchedule
 from keras_transformer.train.schedules import TransformerSchedule
@@ -147,7 +148,7 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
     # None, not 0.0: an optimizer without decay has the config it always had.
     weight_decay = training_config.weight_decay or None
     if training_config.optimizer == "muon":
-        return keras.optimizers.Muon(
+        muon = keras.optimizers.Muon(
             learning_rate=schedule,
             adam_beta_1=training_config.adam_beta_1,
             adam_beta_2=training_config.adam_beta_2,
@@ -163,10 +164,11 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
             exclude_layers=list(MUON_ADAMW_LAYERS),
             gradient_accumulation_steps=accumulation,
         )
+        return _without_gain_decay(muon)
     # PyTorch's Keras Adam already updates all weights at once (torch._foreach ops), which
     # a subclass would not inherit; JAX compiles the update into the step either way.
     adam = FusedAdam if keras.backend.backend() == "tensorflow" else keras.optimizers.Adam
-    return adam(
+    optimizer = adam(
         learning_rate=schedule,
         beta_1=training_config.adam_beta_1,
         beta_2=training_config.adam_beta_2,
@@ -175,6 +177,18 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
         weight_decay=weight_decay,
         gradient_accumulation_steps=accumulation,
     )
+    return _without_gain_decay(optimizer)
+
+
+def _without_gain_decay(optimizer):
+    """Leaves ScaleNorm's lengths (`SCALE_NORM_GAIN` weights) out of `optimizer`'s weight decay.
+
+    A gain starts at sqrt(d_model) (16 at 256): decay would take `lr * weight_decay * 16` off
+    it a step, more than Adam's step of about `lr` can put back, and shrink every logit.
+    """
+    if optimizer.weight_decay is not None:
+        optimizer.exclude_from_weight_decay(var_names=[SCALE_NORM_GAIN])
+    return optimizer
 
 
 def compile_transformer(
