@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer.checks import check_bool, check_positive_int
 from keras_transformer.layers.initializers import clone_initializer
+from keras_transformer.layers.scale_norm import unit_vectors
 
 # Positions use wavelengths up to 10000 * 2 pi (Vaswani et al., 2017, 3.5).
 SINUSOID_BASE = 10000.0
@@ -104,7 +105,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         if reverse:
-            kernel = self._unit_rows(self.embeddings) if self.fix_norm else self.embeddings
+            kernel = unit_vectors(self.embeddings, FIX_NORM_EPSILON) if self.fix_norm else self.embeddings
             kernel = ops.cast(kernel, inputs.dtype)
             logits = ops.cast(ops.matmul(inputs, ops.transpose(kernel)), "float32")
             if self.logits_bias is not None:
@@ -114,19 +115,12 @@ class TokenEmbedding(keras.layers.Layer):
         in_range = ops.logical_and(ops.greater_equal(ids, 0), ops.less(ids, self.vocab_size))
         outputs = ops.take(self.embeddings, ops.where(in_range, ids, 0), axis=0)
         if self.fix_norm:
-            outputs = self._unit_rows(outputs)
+            outputs = unit_vectors(outputs, FIX_NORM_EPSILON)
         outputs = ops.where(ops.expand_dims(in_range, -1), outputs, float("nan"))
         outputs = ops.cast(outputs, self.compute_dtype)
         if self.scale:
             outputs = outputs * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
         return outputs
-
-    @staticmethod
-    def _unit_rows(vectors):
-        """`vectors` divided by their norms, in float32; an all-zero row stays zero."""
-        vectors = ops.cast(vectors, "float32")
-        norms = ops.sqrt(ops.sum(ops.square(vectors), axis=-1, keepdims=True))
-        return vectors / ops.maximum(norms, FIX_NORM_EPSILON)
 
     def compute_output_shape(self, inputs_shape, reverse=False):
         if reverse:

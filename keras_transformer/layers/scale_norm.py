@@ -13,6 +13,16 @@ from keras_transformer.checks import check_positive_number
 SCALE_NORM_GAIN = "scale_norm_gain"
 
 
+def unit_vectors(x, epsilon):
+    """`x / max(||x||, epsilon)` over the last axis, in float32: a zero vector stays zero.
+
+    ScaleNorm (times its gain) and FixNorm's embedding rows (`TokenEmbedding`) both use it.
+    """
+    x = ops.cast(x, "float32")
+    norms = ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
+    return x / ops.maximum(norms, epsilon)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class ScaleNorm(keras.layers.Layer):
     """`g * x / max(||x||, epsilon)`: one learned scalar `g` in place of LayerNorm's 2d weights.
@@ -52,9 +62,7 @@ class ScaleNorm(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs):
-        x = ops.cast(inputs, "float32")
-        norm = ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True))
-        outputs = x * (ops.cast(self.gain, "float32") / ops.maximum(norm, self.epsilon))
+        outputs = unit_vectors(inputs, self.epsilon) * ops.cast(self.gain, "float32")
         return ops.cast(outputs, self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):
@@ -66,4 +74,4 @@ class ScaleNorm(keras.layers.Layer):
         return config
 
 
-__all__ = ["ScaleNorm", "SCALE_NORM_GAIN"]
+__all__ = ["ScaleNorm", "SCALE_NORM_GAIN", "unit_vectors"]
