@@ -22,7 +22,7 @@ def logits_of(model):
 
 
 def test_scale_norm_scales_each_vector_to_the_gain():
-    norm = ScaleNorm()
+    norm = ScaleNorm(name="probe")
     x = np.array([[[3.0, 4.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]], "float32")
     out = to_numpy(norm(x))
     assert float(to_numpy(norm.gain)) == 2.0  # sqrt(4): the length of a unit-variance vector
@@ -30,7 +30,7 @@ def test_scale_norm_scales_each_vector_to_the_gain():
     np.testing.assert_allclose(out, [[[1.2, 1.6, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]], rtol=1e-6)
     norm.gain.assign(0.5)
     np.testing.assert_allclose(to_numpy(norm(x))[0, 0], [0.3, 0.4, 0.0, 0.0], rtol=1e-6)
-    assert [w.path for w in norm.weights] == ["scale_norm/scale_norm_gain"]
+    assert [w.path for w in norm.weights] == ["probe/scale_norm_gain"]
 
 
 def test_scale_norm_under_bfloat16_returns_bfloat16_from_a_float32_norm():
