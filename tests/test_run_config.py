@@ -169,11 +169,15 @@ def test_shipped_configs_parse(name):
         assert (model.attention_dropout, model.activation_dropout) == (0.0, 0.0)
         # AdamW: +0.77 val on a slower machine; en->de inherits it (the config's comment)
         assert config.training_config().weight_decay == 0.1
-    if name == "multi30k_en_de":  # the de->en recipe reversed, with its own search, memory and dropouts
+    if name == "multi30k_en_de":
+        # the de->en recipe reversed, with its own search, memory, dropouts, normalization
+        # (pre-norm, ScaleNorm, FixNorm) and twice the peak learning rate
         recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
-            model={**recipe.model, "attention_dropout": 0.1, "activation_dropout": 0.1},
+            model={**recipe.model, "attention_dropout": 0.1, "activation_dropout": 0.1,
+                   "norm_first": True, "normalization": "scale", "fix_norm": True},
+            training={**recipe.training, "learning_rate_scale": 1.0},
             eval_memory_weight=0.7, eval_memory_distance_scale=400.0,
         )
         assert config == reversed_recipe
@@ -182,6 +186,8 @@ def test_shipped_configs_parse(name):
         }
         # inherited: weight decay and de->en's batch (1,024 tokens, 800 warmup steps)
         assert config.training_config().weight_decay == 0.1
+        assert (model.norm_first, model.normalization, model.fix_norm) == (True, "scale", True)
+        assert config.training_config().learning_rate_scale == 1.0
         assert (config.tokens_per_batch, config.training_config().warmup_steps) == (1024, 800)
     if name == "base":
         assert (model.d_model, model.num_encoder_layers, model.vocab_size) == (512, 6, 37000)
