@@ -171,7 +171,7 @@ def test_shipped_configs_parse(name):
         assert config.training_config().weight_decay == 0.1
     if name == "multi30k_en_de":
         # the de->en recipe reversed, with its own search, memory, dropouts, normalization
-        # (pre-norm, ScaleNorm, FixNorm) and twice the peak learning rate
+        # (pre-norm, ScaleNorm, FixNorm) and 2.9x its peak learning rate
         recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
