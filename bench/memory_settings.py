@@ -125,7 +125,7 @@ def main(argv=None):
               f"| {row['seconds']:.0f} |")
 
 
-def add_row(results, model_dir, info, row):
+def add_row(results, model_dir, info, row, benchmark="memory_settings"):
     """Adds one setting's row to the model's entry of the results file; returns the entry.
 
     Written after every setting, the file read again each time: a grid stopped part way
@@ -133,7 +133,7 @@ def add_row(results, model_dir, info, row):
     written meanwhile stay. A later grid of the same model adds rows.
     """
     results_path = pathlib.Path(results)
-    payload = json.loads(results_path.read_text()) if results_path.is_file() else {"benchmark": "memory_settings"}
+    payload = json.loads(results_path.read_text()) if results_path.is_file() else {"benchmark": benchmark}
     entry = payload.setdefault("runs", {}).setdefault(os.path.normpath(model_dir), {"val_grid": []})
     entry.update(info)
     entry.setdefault("val_grid", []).append(row)

@@ -228,36 +228,18 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
             f"sources and {len(targets)} targets"
         )
     checks.check_positive_int("batch_size", batch_size)
-    limit = model.config.max_length
-    source_ids, target_ids = tokenizer.encode(sources), tokenizer.encode(targets)
-    fits = [i for i in range(len(sources)) if len(source_ids[i]) < limit and len(target_ids[i]) < limit]
-    if not fits:
-        raise ValueError(
-            f"No pair fits the model's max_length {limit} (source + EOS and BOS + target). "
-            f"Received: {len(sources)} pairs"
-        )
-    fits.sort(key=lambda i: (len(target_ids[i]), len(source_ids[i])))
+    fits, batches = teacher_forced_batches(tokenizer, sources, targets, model.config.max_length, batch_size)
     bar = keras.utils.Progbar(len(fits), unit_name="pair") if progress else None
     keys, values, lengths, pair_sources = [], [], [], []
-    for start in range(0, len(fits), batch_size):
-        rows = fits[start : start + batch_size]
-        source_len = max(len(source_ids[i]) for i in rows) + 1
-        target_len = max(len(target_ids[i]) for i in rows) + 1
-        encoder_inputs = np.zeros((len(rows), source_len), np.int32)
-        decoder_inputs = np.zeros((len(rows), target_len), np.int32)
-        next_tokens = np.zeros((len(rows), target_len), np.int32)
-        for row, i in enumerate(rows):
-            encoder_inputs[row, : len(source_ids[i]) + 1] = source_ids[i] + [EOS_ID]
-            decoder_inputs[row, : len(target_ids[i]) + 1] = [BOS_ID] + target_ids[i]
-            next_tokens[row, : len(target_ids[i]) + 1] = target_ids[i] + [EOS_ID]
+    for row_sources, encoder_inputs, decoder_inputs, next_tokens in batches:
         states = _decoder_states(model, encoder_inputs, decoder_inputs)
         real = next_tokens != 0
         keys.append(states[real])  # row-major: each pair's keys in a run, in `rows` order
         values.append(next_tokens[real])
         lengths.append(real.sum(axis=1))
-        pair_sources.extend(source_ids[i] for i in rows)
+        pair_sources.extend(row_sources)
         if bar is not None:
-            bar.add(len(rows))
+            bar.add(len(row_sources))
     return TranslationMemory(
         np.concatenate(keys),
         np.concatenate(values),
@@ -266,6 +248,47 @@ def build_translation_memory(model, tokenizer, sources, targets, *, batch_size=6
         pair_lengths=np.concatenate(lengths),
         pair_sources=pair_sources,
     )
+
+
+def teacher_forced_batches(tokenizer, sources, targets, max_length, batch_size):
+    """Parallel text as teacher-forced arrays, in batches of pairs of similar length.
+
+    A pair whose source plus EOS, or BOS plus target, is longer than `max_length` is left
+    out. Shared by the memory's build and the likelihood of a reference
+    (`bench/memory_likelihood.py`), so both read the same positions.
+
+    Returns:
+        `(fits, batches)`: the indices of the pairs kept, in batch order, and an iterator
+        of `(source ids of the batch's pairs, encoder_inputs [B, S], decoder_inputs [B, T],
+        next_tokens [B, T])`, int32 and 0-padded; `next_tokens` is the target plus EOS.
+
+    Raises:
+        ValueError: no pair fits `max_length`.
+    """
+    source_ids, target_ids = tokenizer.encode(sources), tokenizer.encode(targets)
+    fits = [i for i in range(len(sources)) if len(source_ids[i]) < max_length and len(target_ids[i]) < max_length]
+    if not fits:
+        raise ValueError(
+            f"No pair fits the model's max_length {max_length} (source + EOS and BOS + target). "
+            f"Received: {len(sources)} pairs"
+        )
+    fits.sort(key=lambda i: (len(target_ids[i]), len(source_ids[i])))
+
+    def batches():
+        for start in range(0, len(fits), batch_size):
+            rows = fits[start : start + batch_size]
+            source_len = max(len(source_ids[i]) for i in rows) + 1
+            target_len = max(len(target_ids[i]) for i in rows) + 1
+            encoder_inputs = np.zeros((len(rows), source_len), np.int32)
+            decoder_inputs = np.zeros((len(rows), target_len), np.int32)
+            next_tokens = np.zeros((len(rows), target_len), np.int32)
+            for row, i in enumerate(rows):
+                encoder_inputs[row, : len(source_ids[i]) + 1] = source_ids[i] + [EOS_ID]
+                decoder_inputs[row, : len(target_ids[i]) + 1] = [BOS_ID] + target_ids[i]
+                next_tokens[row, : len(target_ids[i]) + 1] = target_ids[i] + [EOS_ID]
+            yield [source_ids[i] for i in rows], encoder_inputs, decoder_inputs, next_tokens
+
+    return fits, batches()
 
 
 def _decoder_states(model, encoder_inputs, decoder_inputs):
