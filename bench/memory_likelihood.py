@@ -20,7 +20,6 @@ and `alpha` belong to decoding and are refused). Adds each setting's row to
 and prints the grid as a markdown table, best first.
 """
 
-import argparse
 import math
 import os
 import pathlib
@@ -32,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench import machine  # noqa: E402
-from bench.memory_settings import add_row, parse_setting  # noqa: E402
+from bench.memory_settings import add_row, memory_grid_parser, parse_setting  # noqa: E402
 from bench.search_settings import read_split  # noqa: E402
 
 
@@ -64,13 +63,7 @@ def reference_nll(decoding_model, tokenizer, sources, references, batch_size=16)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data_dir", help="folder with Multi30k's train and val .de/.en files")
-    parser.add_argument("--model-dir", required=True, help="a trained model directory")
-    parser.add_argument("--direction", required=True, choices=["de-en", "en-de"])
-    parser.add_argument("--settings", action="append", required=True,
-                        help="K,T,WEIGHT[,scale=S]; repeat for a grid")
-    parser.add_argument("--memory", help="a memory file: read if it exists, else built and written there")
+    parser = memory_grid_parser(__doc__.split("\n\n")[0], "K,T,WEIGHT[,scale=S]")
     parser.add_argument("--batch-size", type=int, default=16,
                         help="val pairs a pass: each of their tokens scores every key, [rows, keys] float32")
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "memory_likelihood.json"))

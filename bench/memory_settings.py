@@ -58,14 +58,19 @@ def parse_setting(text):
         ) from None
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def memory_grid_parser(description, settings_form):
+    """The arguments this script and bench/memory_likelihood.py share: data, model, grid, memory file."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("data_dir", help="folder with Multi30k's train and val .de/.en files")
     parser.add_argument("--model-dir", required=True, help="a trained model directory")
     parser.add_argument("--direction", required=True, choices=["de-en", "en-de"])
-    parser.add_argument("--settings", action="append", required=True,
-                        help="K,T,WEIGHT[,pairs=M][,scale=S][,alpha=A]; repeat for a grid")
+    parser.add_argument("--settings", action="append", required=True, help=f"{settings_form}; repeat for a grid")
     parser.add_argument("--memory", help="a memory file: read if it exists, else built and written there")
+    return parser
+
+
+def main(argv=None):
+    parser = memory_grid_parser(__doc__.split("\n\n")[0], "K,T,WEIGHT[,pairs=M][,scale=S][,alpha=A]")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--results", default=str(machine.RESULTS_DIR / "memory_settings.json"))
     args = parser.parse_args(argv)
