@@ -13,7 +13,7 @@ import math
 import keras
 import numpy as np
 import pytest
-from conftest import once_on, tiny_config, to_numpy
+from conftest import SpaceTokenizer, once_on, tiny_config, to_numpy
 from tiny_translation import BATCH_SIZE, make_tiny_model_dir, pick_sentences
 
 import keras_transformer as kt
@@ -27,13 +27,6 @@ from keras_transformer.special_tokens import BOS_ID, EOS_ID
 SOURCES = ["5 6 7 8", "9 10 11", "12 13 14 15 16"]
 TARGETS = ["20 21 22 23 24", "25 26 27", "29 30 31 28"]
 ENCODER_INPUTS = np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 3, 0, 0], [12, 13, 14, 15, 16, 3]], "int32")
-
-
-class SpaceTokenizer:
-    """Ids written as numbers: what build_translation_memory reads of a tokenizer."""
-
-    def encode(self, sentences):
-        return [[int(token) for token in sentence.split()] for sentence in sentences]
 
 
 @pytest.fixture(scope="module")

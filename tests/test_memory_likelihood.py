@@ -12,7 +12,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config, to_numpy
+from conftest import SpaceTokenizer, tiny_config, to_numpy
 
 import keras_transformer as kt
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
@@ -22,13 +22,6 @@ from bench.memory_likelihood import main, reference_nll  # noqa: E402
 
 SOURCES = ["5 6 7 8", "9 10 11", "12 13 14 15 16", "17 18"]
 TARGETS = ["20 21 22 23 24", "25 26 27", "29 30 31 28", "19 24 26"]
-
-
-class SpaceTokenizer:
-    """Ids written as numbers: what the teacher-forced batches read of a tokenizer."""
-
-    def encode(self, sentences):
-        return [[int(token) for token in sentence.split()] for sentence in sentences]
 
 
 @pytest.fixture(scope="module")
