@@ -226,7 +226,7 @@ def test_prepare_from_a_shipped_recipe_takes_its_settings_and_trains_its_tokeniz
     assert (meta["source_lang"], meta["target_lang"]) == ("en", "de")
     assert (meta["tokens_per_batch"], meta["beam_size"], meta["length_penalty"]) == (1024, 4, 1.4)
     assert (meta["model"]["d_model"], meta["model"]["attention_dropout"], meta["model"]["max_length"]) == (256, 0.1, 16)
-    assert (meta["training"]["weight_decay"], meta["training"]["warmup_steps"]) == (0.1, 800)
+    assert (meta["training"]["weight_decay"], meta["training"]["warmup_steps"]) == (0.4, 800)
     assert meta["training"]["total_steps"] == 3 and meta["splits"] == {"val": "val"}
     # The tokenizer a run of the recipe trains: BPE on both sides of the training pairs.
     english = (data / "train.en").read_text().splitlines()
