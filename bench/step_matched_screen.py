@@ -47,7 +47,7 @@ Usage:
 Run screens one after another, not side by side. The step is GPU-bound, not host-bound:
 alone on one H200 it takes 12-15 ms with `XLA_FLAGS=--xla_gpu_autotune_level=0` (the
 first 500 steps 74-78 s, XLA compiling the four step shapes; a 5,900-update screen with
-val and test2016 decoded takes about 3 minutes), but three started at once (XLA_FLAGS=--xla_gpu_autotune_level=0, jax 0.11)
+val and test2016 decoded takes about 3 minutes), but three started at once (jax 0.11)
 took 97 ms a step each with the GPU at 100%, no faster in all than one after another,
 and the longest of them ran out of its 10-minute call; five at once with GEMM autotuning
 spent their first 8 minutes compiling (bench/results/step_matched_screen.json).
