@@ -1,7 +1,10 @@
 """Tests of RunConfig: TOML parsing, --set overrides by type, unknown keys, round trip."""
 
 import os
+import subprocess
+import sys
 
+import keras
 import pytest
 
 from keras_transformer.train.run_config import RunConfig
@@ -199,9 +202,28 @@ def test_shipped_configs_parse(name):
         assert config.keep_checkpoints == 20
 
 
-def test_bucket_width_gives_evenly_spaced_boundaries():
-    from keras_transformer.data.pipeline import evenly_spaced_boundaries
+def test_reading_a_run_config_does_not_load_tensorflow():
+    # Keras on the TensorFlow backend loads TensorFlow itself: that case reads under JAX.
+    backend = "jax" if keras.backend.backend() == "tensorflow" else keras.backend.backend()
+    path = os.path.join(CONFIG_DIR, "multi30k.toml")
+    script = (
+        "import sys\n"
+        "import keras_transformer.train.run_config as run_config\n"
+        f"config = run_config.RunConfig.from_toml({path!r})\n"
+        "print(config.bucket_boundaries()[-1], 'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, "KERAS_BACKEND": backend},
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    assert result.stdout.split() == ["64", "False"]
 
+
+def test_bucket_width_gives_evenly_spaced_boundaries():
+    from keras_transformer.data.pipeline import evenly_spaced_boundaries as reexported
+    from keras_transformer.data.settings import evenly_spaced_boundaries
+
+    assert reexported is evenly_spaced_boundaries  # the pipeline's name, defined without TensorFlow
     assert evenly_spaced_boundaries(4, 14) == [4, 8, 12, 14]
     assert evenly_spaced_boundaries(8, 16) == [8, 16]
     assert evenly_spaced_boundaries(0, 64) is None  # the pipeline's default boundaries

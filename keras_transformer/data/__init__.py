@@ -1,16 +1,41 @@
-"""Corpora and input pipeline: readers, the built-in demo corpus, tf.data batching."""
+"""Corpora and input pipeline: readers, the built-in demo corpus, tf.data batching.
 
-from keras_transformer.data.demo_corpus import ambiguous_date_formats
-from keras_transformer.data.demo_corpus import date_renderings
-from keras_transformer.data.demo_corpus import make_demo_corpus
-from keras_transformer.data.demo_corpus import write_demo_corpus
-from keras_transformer.data.readers import ReadStats
-from keras_transformer.data.readers import load_tfds
-from keras_transformer.data.readers import read_parallel_files
-from keras_transformer.data.readers import read_tsv
-from keras_transformer.data.pipeline import BatchedDataset
-from keras_transformer.data.pipeline import LengthStats
-from keras_transformer.data.pipeline import bucket_batch_sizes
-from keras_transformer.data.pipeline import count_batches
-from keras_transformer.data.pipeline import default_bucket_boundaries
-from keras_transformer.data.pipeline import make_dataset
+The names below are imported on first use: most of this package is TensorFlow
+(tf.data, tensorflow-text), and `data.settings`, which `RunConfig` reads to check a
+config, must be importable without loading it.
+"""
+
+import importlib
+
+# name -> module that defines it.
+_LAZY = {
+    "ambiguous_date_formats": "keras_transformer.data.demo_corpus",
+    "date_renderings": "keras_transformer.data.demo_corpus",
+    "make_demo_corpus": "keras_transformer.data.demo_corpus",
+    "write_demo_corpus": "keras_transformer.data.demo_corpus",
+    "ReadStats": "keras_transformer.data.readers",
+    "load_tfds": "keras_transformer.data.readers",
+    "read_parallel_files": "keras_transformer.data.readers",
+    "read_tsv": "keras_transformer.data.readers",
+    "BatchedDataset": "keras_transformer.data.pipeline",
+    "LengthStats": "keras_transformer.data.pipeline",
+    "bucket_batch_sizes": "keras_transformer.data.pipeline",
+    "count_batches": "keras_transformer.data.pipeline",
+    "default_bucket_boundaries": "keras_transformer.data.settings",
+    "make_dataset": "keras_transformer.data.pipeline",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'keras_transformer.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = list(_LAZY)

@@ -24,6 +24,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
 
 from keras_transformer import checks
 from keras_transformer.atomic import write_bytes_atomically
+from keras_transformer.data.settings import TOKENIZER_MODEL_TYPES
 from keras_transformer.model import directory as model_directory
 from keras_transformer.special_tokens import (
     BOS_ID,
@@ -40,7 +41,7 @@ from keras_transformer.special_tokens import (
 # directory's `tokenizer.model`, named once in `keras_transformer.model.directory`.
 MODEL_FILENAME = model_directory.TOKENIZER_FILE
 
-MODEL_TYPES = ("unigram", "bpe")
+MODEL_TYPES = TOKENIZER_MODEL_TYPES  # defined without TensorFlow in data.settings, for RunConfig
 
 # `tokenize_sampled`'s tf-text tokenizers, one per (model digest, alpha).
 _SAMPLING_TOKENIZERS = {}

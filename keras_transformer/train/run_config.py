@@ -19,7 +19,12 @@ import typing
 import warnings
 
 from keras_transformer import checks
-from keras_transformer.data.tokenizer import MODEL_TYPES as TOKENIZER_MODEL_TYPES
+from keras_transformer.data.settings import (
+    TOKENIZER_MODEL_TYPES,
+    check_batching_arguments,
+    default_bucket_boundaries,
+    evenly_spaced_boundaries,
+)
 from keras_transformer.inference.decoding import BEAM_SIZE, DECODE_METHODS, LENGTH_PENALTY
 from keras_transformer.model.config import LEGACY_FIELDS, TransformerConfig
 from keras_transformer.train.callbacks import EARLY_STOPPING_MONITORS
@@ -240,8 +245,6 @@ class RunConfig:
         if self.late_dropout_start:
             self._check_late_dropout(model_config, training)
         # The pipeline's own check, now: make_dataset runs it only after the corpus is read.
-        from keras_transformer.data.pipeline import check_batching_arguments  # TensorFlow
-
         max_length = model_config.max_length
         check_batching_arguments(max_length, self.tokens_per_batch, self.bucket_boundaries(max_length))
 
@@ -351,12 +354,8 @@ class RunConfig:
         Args:
             max_length: int, the model's; defaults to `model_config().max_length`.
         """
-        from keras_transformer.data import pipeline  # TensorFlow, as the tokenizer above
-
         max_length = max_length or self.model_config().max_length
-        return pipeline.evenly_spaced_boundaries(
-            self.bucket_width, max_length
-        ) or pipeline.default_bucket_boundaries(max_length)
+        return evenly_spaced_boundaries(self.bucket_width, max_length) or default_bucket_boundaries(max_length)
 
     def trained_settings(self):
         """What this run trains, as `{key: value}`: a resumed run must agree on all of it.
