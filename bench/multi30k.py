@@ -15,10 +15,7 @@ For each direction asked for (de->en, en->de), on the Multi30k corpus at DATA_DI
    cased BLEU with the default 13a tokenization (the headline figure), lowercased
    BLEU (comparable to the "lowercased, tokenized" figures published for Multi30k),
    and chrF; the `val` split too (last weights, beam 4 and the config's search), the
-   split to tune on, so each run shows whether val still prefers the config's search;
-   where the config sets `eval_memory_weight`, also with the config's search and a
-   translation memory of the training split (kNN-MT, built from each weights' states
-   after training and timed; test2016 and val), and
+   split to tune on, so each run shows whether val still prefers the config's search, and
 4. scores the checkpoints written along the run (greedy, test2016, about every
    `--curve-minutes`) for the chart of BLEU against training minutes. The run keeps
    every checkpoint for it and prunes them to the config's `keep_checkpoints` after.
@@ -86,7 +83,7 @@ def sacrebleu_scores(hypotheses, references):
     return {
         "bleu": cased_score.score,
         # Output tokens per reference token: a search tuned on a split whose references are
-        # longer than the test split's shows it here (bench/reference_shift.py).
+        # longer than the test split's shows it here (en->de's val against test2016).
         "length_ratio": round(cased_score.sys_len / max(cased_score.ref_len, 1), 4),
         "bleu_lowercased": lowercased.corpus_score(hypotheses, [references]).score,
         "chrf": chrf.corpus_score(hypotheses, [references]).score,
@@ -208,33 +205,10 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
         )
         return result, translations
 
-    # The translation memory (kNN-MT) of the training split, built from each weights'
-    # own states after training: it costs no training time, and is timed here.
-    memory_settings = run_config.memory_settings()
-    memory_info, memory_models = None, {}
-    if memory_settings:
-        from keras_transformer.inference.memory import MemoryModel, build_translation_memory
-
-        train_pairs = load_corpus(run_config)["train"]
-        memory_info = {**memory_settings, "build_seconds": {}}
-        for weights, weights_model in (("last", model), ("averaged", averaged)):
-            started = time.monotonic()
-            memory = build_translation_memory(
-                weights_model, tokenizer, [s for s, _ in train_pairs], [t for _, t in train_pairs],
-                batch_size=run_config.eval_batch_size, progress=True,
-            )
-            memory_info["build_seconds"][weights] = round(time.monotonic() - started, 1)
-            memory_info["keys"], memory_info["skipped_pairs"] = len(memory), memory.skipped
-            memory_models[weights] = MemoryModel(weights_model, memory, **memory_settings)
-            print(f"{direction} {weights} memory: {len(memory):,} keys in "
-                  f"{memory_info['build_seconds'][weights]:.0f} s", flush=True)
     for weights, weights_model in (("last", model), ("averaged", averaged)):
-        runs = [(decode, weights_model, search) for decode, search in searches.items()]
-        if weights in memory_models:
-            runs.append(("memory", memory_models[weights], config_search))
-        for decode, decoding_model, search in runs:
+        for decode, search in searches.items():
             key = f"{weights}_{decode}"
-            scores[key], translations = score(key, decoding_model, search, sources, references, "test2016")
+            scores[key], translations = score(key, weights_model, search, sources, references, "test2016")
             path = os.path.join(model_dir, f"test2016_{key}.{target_lang}")
             with open(path, "w", encoding="utf-8") as file:
                 file.write("\n".join(translations) + "\n")
@@ -243,9 +217,6 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
     val = {"last_beam": score("last_beam", model, PAPER_SEARCH, val_sources, val_references, "val")[0]}
     if "search" in searches:
         val["last_search"] = score("last_search", model, config_search, val_sources, val_references, "val")[0]
-    if "last" in memory_models:
-        val["last_memory"] = score("last_memory", memory_models["last"], config_search, val_sources,
-                                   val_references, "val")[0]
 
     checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
     curve = []
@@ -280,7 +251,6 @@ def score_direction(run_config, direction, minutes, keep_after, overrides, curve
         "model_dir": os.path.relpath(model_dir, ROOT),
         "test2016": scores,
         "val": val,
-        "memory": memory_info,
         "bleu_against_minutes": curve,
         "machine": training["machine"],  # the machine that trained it
     }
@@ -511,8 +481,8 @@ def markdown_table(runs):
     lines = [
         "| direction | changes from the recipe | parameters | fit (min) | steps (epochs) "
         "| real target tok/s | last val loss | val BLEU | weights | beam 4: BLEU / lc / chrF | greedy: BLEU / lc / chrF "
-        "| the config's search (chosen on val): BLEU | that search with the training set as a memory (kNN-MT): BLEU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| the config's search (chosen on val): BLEU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         scores = run["test2016"]
@@ -533,7 +503,6 @@ def markdown_table(runs):
                 f"{beam['bleu']:.2f} / {beam['bleu_lowercased']:.2f} / {beam['chrf']:.2f}",
                 f"{greedy['bleu']:.2f} / {greedy['bleu_lowercased']:.2f} / {greedy['chrf']:.2f}",
                 _search_cell(run, scores.get(f"{weights}_search")),
-                _memory_cell(run, scores.get(f"{weights}_memory")),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -547,17 +516,6 @@ def _search_cell(run, scores):
     alpha = f"{search['length_penalty']:g}"
     alpha += "" if "." in alpha else ".0"  # "1.0", as the configs write it
     return f"{scores['bleu']:.2f} (beam {search['beam_size']}, α {alpha})"
-
-
-def _memory_cell(run, scores):
-    """The search with the translation memory and its settings ("" for runs without one)."""
-    if scores is None:
-        return ""
-    memory = run["memory"]
-    scale = f", scale {memory['distance_scale']:g}" if memory.get("distance_scale") else ""
-    pairs = f", {memory['pairs']} pairs" if memory.get("pairs") else ""
-    return (f"{scores['bleu']:.2f} (k {memory['neighbors']}, T {memory['temperature']:g}, "
-            f"weight {memory['weight']:g}{scale}{pairs})")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,7 @@ change costs a step is measured here, in one process: the config's model (built,
 compiled and batched as `kt-train` builds them: its `[model]` and `[training]` tables,
 `jit_compile`, and batches of its `tokens_per_batch`) and each variant, a list of
 `--set`-style overrides of the same config, timed on the four commonest Multi30k bucket
-shapes (padded lengths 12 to 24, as many rows as the token budget holds; twice as many
-for a variant with R-Drop, `training.rdrop_alpha`, whose batches hold each example twice), interleaved
+shapes (padded lengths 12 to 24, as many rows as the token budget holds), interleaved
 round by round; per variant the fastest round counts. Writes JSON with the machine.
 
 Usage:
@@ -74,14 +73,6 @@ def random_batches(tokens_per_batch, vocab_size, seed=0):
     return batches
 
 
-def variant_batches(run_config, batches):
-    """The batches as `kt-train` feeds this variant: each twice over with R-Drop (`rdrop_alpha`)."""
-    if not run_config.training_config().rdrop_alpha:
-        return batches
-    twice = lambda x: np.concatenate([x, x])  # noqa: E731
-    return [({key: twice(value) for key, value in inputs.items()}, twice(labels)) for inputs, labels in batches]
-
-
 def build_variant(run_config, batches):
     """The run config's model, compiled as `kt-train` compiles it, every batch shape traced."""
     keras.utils.set_random_seed(0)
@@ -113,14 +104,13 @@ def main(argv=None):
     batch_shapes = shapes(base.tokens_per_batch)
     batches = random_batches(base.tokens_per_batch, base.vocab_size)
     configs = {label: base.with_overrides(assignments) for label, assignments in variants}
-    fed = {label: variant_batches(config, batches) for label, config in configs.items()}
-    models = {label: build_variant(config, fed[label]) for label, config in configs.items()}
+    models = {label: build_variant(config, batches) for label, config in configs.items()}
     best = {label: float("inf") for label in models}
     for round_ in range(args.rounds):
         for label, model in models.items():
             start = time.perf_counter()
             for _ in range(args.steps):
-                for batch in fed[label]:
+                for batch in batches:
                     model.train_on_batch(*batch)
             best[label] = min(best[label], (time.perf_counter() - start) / (args.steps * len(batches)))
         print(f"round {round_ + 1}: " + ", ".join(f"{label} {t:.3f} s" for label, t in best.items()), flush=True)
