@@ -173,21 +173,16 @@ def test_shipped_configs_parse(name):
         # AdamW: +0.77 val on a slower machine; en->de inherits it (the config's comment)
         assert config.training_config().weight_decay == 0.1
     if name == "multi30k_en_de":
-        # the de->en recipe reversed, with its own search, memory, dropouts, normalization
-        # (pre-norm, ScaleNorm, FixNorm), 2.9x its peak learning rate, weight decay re-chosen at
-        # that rate and 32 memory neighbours
+        # the de->en recipe reversed, with its own search, dropouts, normalization (pre-norm,
+        # ScaleNorm, FixNorm), 2.9x its peak learning rate and weight decay re-chosen at that rate
         recipe = RunConfig.from_toml(os.path.join(CONFIG_DIR, "multi30k.toml"))
         reversed_recipe = recipe.replace(
             name=name, source_lang="en", target_lang="de", eval_beam_size=4, eval_length_penalty=1.4,
             model={**recipe.model, "attention_dropout": 0.1, "activation_dropout": 0.1,
                    "norm_first": True, "normalization": "scale", "fix_norm": True},
             training={**recipe.training, "learning_rate_scale": 1.0, "weight_decay": 0.4},
-            eval_memory_weight=0.7, eval_memory_neighbors=32, eval_memory_distance_scale=400.0,
         )
         assert config == reversed_recipe
-        assert config.memory_settings() == {
-            "neighbors": 32, "temperature": 30.0, "weight": 0.7, "distance_scale": 400.0, "pairs": None
-        }
         # its own weight decay (0.4 at 2.9x the rate); inherited: de->en's batch (1,024 tokens,
         # 800 warmup steps)
         assert config.training_config().weight_decay == 0.4
