@@ -1,7 +1,9 @@
 """Corpus readers: parallel text files, tab-separated pairs and TFDS translation sets.
 
-Every reader returns the same two things: a list of `(source, target)` string pairs
-and a `ReadStats` saying how many pairs were read, how many were skipped and why.
+Each corpus has two readers. `iter_*` streams the `(source, target)` string pairs one
+at a time, in bounded memory whatever the corpus size (what binarizing a big corpus
+reads), filling in a `ReadStats` as it goes. `read_*` / `load_tfds` return the same
+pairs as a list with the `ReadStats` saying how many were read, skipped and why.
 Malformed input (a missing tab, unequal line counts, invalid UTF-8, an empty line)
 raises `ValueError` naming the file, the 1-based line number and what was expected.
 With `skip_malformed=True` a bad pair is skipped and counted instead, except where
@@ -102,10 +104,9 @@ def _sentence(text, where, what="line") -> str:
     return sentence
 
 
-def _finish(pairs, stats) -> tuple[list, ReadStats]:
-    """Fill in `pairs_read` and refuse an empty corpus."""
-    stats.pairs_read = len(pairs)
-    if not pairs:
+def refuse_empty(stats):
+    """Raise `ValueError` when a finished read kept no pair (saying how many were skipped)."""
+    if not stats.pairs_read:
         skipped = (
             f"; all {stats.skipped} were malformed and skipped "
             f"({dict(stats.skipped_reasons)})"
@@ -116,7 +117,18 @@ def _finish(pairs, stats) -> tuple[list, ReadStats]:
             f"No sentence pairs in {', '.join(map(str, stats.paths))}{skipped}. "
             "Expected at least one pair."
         )
+
+
+def _finish(pairs, stats) -> tuple[list, ReadStats]:
+    """`(pairs, stats)` of a whole read; an empty corpus is refused."""
+    refuse_empty(stats)
     return pairs, stats
+
+
+def _kept(pair, stats):
+    """Count a pair as read and return it."""
+    stats.pairs_read += 1
+    return pair
 
 
 def _keep_or_raise(error, stats, skip_malformed):
@@ -159,7 +171,19 @@ def read_parallel_files(
     """
     source_path, target_path = os.fspath(source_path), os.fspath(target_path)
     stats = ReadStats(paths=(source_path, target_path))
-    pairs = []
+    pairs = list(iter_parallel_files(source_path, target_path, skip_malformed=skip_malformed, stats=stats))
+    return _finish(pairs, stats)
+
+
+def iter_parallel_files(source_path, target_path, *, skip_malformed=False, stats=None) -> Iterator[tuple[str, str]]:
+    """`read_parallel_files`'s pairs one at a time, in bounded memory.
+
+    The same checks and messages; `stats` (a `ReadStats`, optional) is filled in as the
+    pairs are read. An empty corpus is not refused here: call `refuse_empty(stats)` at
+    the end.
+    """
+    source_path, target_path = os.fspath(source_path), os.fspath(target_path)
+    stats = stats if stats is not None else ReadStats(paths=(source_path, target_path))
     last = 0
     lines = itertools.zip_longest(
         _numbered_lines(source_path), _numbered_lines(target_path)
@@ -183,8 +207,7 @@ def read_parallel_files(
         except _Malformed as error:
             _keep_or_raise(error, stats, skip_malformed)
             continue
-        pairs.append((source, target))
-    return _finish(pairs, stats)
+        yield _kept((source, target), stats)
 
 
 def _line_sentence(path, number, raw) -> str:
@@ -223,6 +246,17 @@ def read_tsv(
         # ('on May 29, 2048', 'am 29. Mai 2048')
         ```
     """
+    path = os.fspath(path)
+    stats = ReadStats(paths=(path,))
+    pairs = list(
+        iter_tsv(path, source_column=source_column, target_column=target_column,
+                 skip_malformed=skip_malformed, stats=stats)
+    )
+    return _finish(pairs, stats)
+
+
+def iter_tsv(path, *, source_column=0, target_column=1, skip_malformed=False, stats=None) -> Iterator[tuple[str, str]]:
+    """`read_tsv`'s pairs one at a time, in bounded memory, filling in `stats` as it goes."""
     checks.check_non_negative_int("source_column", source_column)
     checks.check_non_negative_int("target_column", target_column)
     if source_column == target_column:
@@ -231,34 +265,33 @@ def read_tsv(
             f"source_column={source_column}, target_column={target_column}"
         )
     path = os.fspath(path)
-    needed = max(source_column, target_column) + 1
-    stats = ReadStats(paths=(path,))
-    pairs = []
+    stats = stats if stats is not None else ReadStats(paths=(path,))
     for number, raw in _numbered_lines(path):
-        where = f"{path}, line {number}"
         try:
-            line = _decode(raw, where, first_line=number == 1)
-            _sentence(line, where)  # a blank line is empty, not a missing tab
-            fields = line.split("\t")
-            if len(fields) < needed:
-                raise _Malformed(
-                    MISSING_COLUMN,
-                    f"{where}: found {len(fields)} tab-separated "
-                    f"column(s). Expected at least {needed} (source in column "
-                    f"{source_column}, target in column {target_column}); is a tab "
-                    "missing?",
-                )
-            source = _sentence(
-                fields[source_column], where, f"source (column {source_column})"
-            )
-            target = _sentence(
-                fields[target_column], where, f"target (column {target_column})"
-            )
+            pair = _tsv_pair(f"{path}, line {number}", raw, number, source_column, target_column)
         except _Malformed as error:
             _keep_or_raise(error, stats, skip_malformed)
             continue
-        pairs.append((source, target))
-    return _finish(pairs, stats)
+        yield _kept(pair, stats)
+
+
+def _tsv_pair(where, raw, number, source_column, target_column) -> tuple[str, str]:
+    """The `(source, target)` of one tab-separated line, or `_Malformed`."""
+    needed = max(source_column, target_column) + 1
+    line = _decode(raw, where, first_line=number == 1)
+    _sentence(line, where)  # a blank line is empty, not a missing tab
+    fields = line.split("\t")
+    if len(fields) < needed:
+        raise _Malformed(
+            MISSING_COLUMN,
+            f"{where}: found {len(fields)} tab-separated "
+            f"column(s). Expected at least {needed} (source in column "
+            f"{source_column}, target in column {target_column}); is a tab "
+            "missing?",
+        )
+    source = _sentence(fields[source_column], where, f"source (column {source_column})")
+    target = _sentence(fields[target_column], where, f"target (column {target_column})")
+    return source, target
 
 
 def load_tfds(
@@ -302,6 +335,21 @@ def load_tfds(
                                  source_lang="en", target_lang="de")
         ```
     """
+    stats = ReadStats(paths=(f"{name}/{split}",))
+    pairs = list(
+        iter_tfds(name, split=split, source_lang=source_lang, target_lang=target_lang,
+                  data_dir=data_dir, download=download, skip_malformed=skip_malformed, stats=stats)
+    )
+    return _finish(pairs, stats)
+
+
+def iter_tfds(
+    name, *, split, source_lang, target_lang, data_dir=None, download=False, skip_malformed=False, stats=None
+) -> Iterator[tuple[str, str]]:
+    """`load_tfds`'s pairs one at a time, in bounded memory, filling in `stats` as it goes.
+
+    TFDS reads its record files lazily, so a split of any size streams through.
+    """
     # Imported here because it is an optional dependency (the `tfds` extra) and
     # slow to import; the file readers above do not need it.
     import tensorflow_datasets as tfds
@@ -315,8 +363,7 @@ def load_tfds(
                 f"`{lang_name}` must be a language of {name}, one of "
                 f"{sorted(keys)}. Received: {lang_name}={lang!r}"
             )
-    stats = ReadStats(paths=(dataset_split,))
-    pairs = []
+    stats = stats if stats is not None else ReadStats(paths=(dataset_split,))
     for number, example in enumerate(tfds.as_numpy(dataset), start=1):
         where = f"{dataset_split}, example {number}"
         try:
@@ -327,5 +374,4 @@ def load_tfds(
         except _Malformed as error:
             _keep_or_raise(error, stats, skip_malformed)
             continue
-        pairs.append((source, target))
-    return _finish(pairs, stats)
+        yield _kept((source, target), stats)
