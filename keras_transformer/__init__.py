@@ -42,7 +42,7 @@ from keras_transformer.train.late_dropout import LateDropout  # noqa: E402
 from keras_transformer.train.rdrop import RDropCrossEntropy  # noqa: E402
 from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
-__version__ = "0.3.0"
+from keras_transformer.version import __version__  # noqa: E402
 
 # name -> module that defines it; imported when first accessed (these import TensorFlow).
 _LAZY = {

@@ -240,13 +240,11 @@ def pad_batches_for_replicas(dataset, replicas, pad_id=PAD_ID):
     """
     import tensorflow as tf
 
-    from keras_transformer.data.packing import graph_function
-
     checks.check_positive_int("replicas", replicas)
     if replicas == 1:
         return dataset
 
-    @graph_function  # plain TensorFlow ops: nothing for AutoGraph to rewrite
+    @tf.autograph.experimental.do_not_convert  # plain TensorFlow ops: nothing for AutoGraph to rewrite
     def pad(*batch):
         batch = batch[0] if len(batch) == 1 else batch
         size = tf.shape(tf.nest.flatten(batch)[0])[0]

@@ -253,7 +253,7 @@ def _load_tokenizer(files, handle, model):
 
 def _metadata(model, tokenizer):
     """keras-hub's metadata.json fields, plus this package's version and the tokenizer's sha256."""
-    from keras_transformer import __version__
+    from keras_transformer.version import __version__
 
     try:
         keras_hub_version = importlib.metadata.version("keras-hub")

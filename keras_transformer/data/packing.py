@@ -24,7 +24,7 @@ room, the fullest row is emitted and the pair starts a new one.
 
 import tensorflow as tf
 
-from keras_transformer.model.transformer import PACKING_INPUTS
+from keras_transformer.input_names import MODEL_INPUTS, PACKING_INPUTS
 
 # The functions the data modules hand to tf.data are written in TensorFlow ops with no
 # Python branch on a tensor, so AutoGraph has nothing to rewrite in them; left to it, it
@@ -32,7 +32,7 @@ from keras_transformer.model.transformer import PACKING_INPUTS
 # them, once a process: ~1.5 s of a first `make_dataset` on a 2-core AMD EPYC.
 graph_function = tf.autograph.experimental.do_not_convert
 
-PACKED_FEATURES = ("encoder_inputs", "decoder_inputs") + PACKING_INPUTS
+PACKED_FEATURES = MODEL_INPUTS + PACKING_INPUTS
 """The input keys of a packed batch, in the model's input dict."""
 
 # Rows kept open at once: more rows fill better, each costs a little per pair.

@@ -25,7 +25,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
 from keras_transformer import checks
 from keras_transformer.atomic import write_bytes_atomically
 from keras_transformer.data.settings import TOKENIZER_MODEL_TYPES
-from keras_transformer.model import directory as model_directory
+from keras_transformer.file_names import TOKENIZER_FILE
 from keras_transformer.special_tokens import (
     BOS_ID,
     BOS_PIECE,
@@ -38,8 +38,8 @@ from keras_transformer.special_tokens import (
 )
 
 # The sentencepiece model file that `save` writes and `load` looks for: the model
-# directory's `tokenizer.model`, named once in `keras_transformer.model.directory`.
-MODEL_FILENAME = model_directory.TOKENIZER_FILE
+# directory's `tokenizer.model`, named once in `keras_transformer.file_names`.
+MODEL_FILENAME = TOKENIZER_FILE
 
 MODEL_TYPES = TOKENIZER_MODEL_TYPES  # defined without TensorFlow in data.settings, for RunConfig
 

@@ -48,12 +48,9 @@ from keras import tree
 
 from keras_transformer import checks
 from keras_transformer.inference.prefixes import check_prefix_ids, check_prefixes_fit, forced_tokens
+from keras_transformer.search_defaults import BEAM_SIZE, LENGTH_PENALTY, MAX_DECODE_EXTRA  # the paper's
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
-# The paper's decoding settings (Vaswani et al., 2017, 6.1), defined once here.
-BEAM_SIZE = 4  # "beam search with a beam size of 4"
-LENGTH_PENALTY = 0.6  # "length penalty alpha = 0.6", in ((5 + len) / 6) ** alpha
-MAX_DECODE_EXTRA = 50  # "maximum output length during inference to input length + 50"
 DECODE_METHODS = ("beam", "greedy")  # the searches a user can choose
 
 _NEG_INF = float("-inf")

@@ -34,7 +34,7 @@ import tensorflow as tf
 from keras_transformer.atomic import write_bytes_atomically, write_text_atomically
 from keras_transformer.data.tokenizer import _SharedSentencepieceTokenizer, check_encodable, ids_before_eos
 from keras_transformer.marian.vocabulary import MarianVocabulary
-from keras_transformer.model import directory as model_directory
+from keras_transformer import file_names
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 TOKENIZER_FORMAT = 1  # the layout of marian_tokenizer.json
@@ -215,14 +215,14 @@ class MarianTokenizer(tf.Module):
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
         vocab = dict(sorted(self.vocabulary.pieces.items(), key=lambda item: (item[1], item[0])))
-        write_bytes_atomically(os.path.join(directory, model_directory.MARIAN_SOURCE_SPM_FILE), self._source_spm)
-        write_bytes_atomically(os.path.join(directory, model_directory.MARIAN_TARGET_SPM_FILE), self._target_spm)
+        write_bytes_atomically(os.path.join(directory, file_names.MARIAN_SOURCE_SPM_FILE), self._source_spm)
+        write_bytes_atomically(os.path.join(directory, file_names.MARIAN_TARGET_SPM_FILE), self._target_spm)
         write_text_atomically(
-            os.path.join(directory, model_directory.MARIAN_VOCAB_FILE),
+            os.path.join(directory, file_names.MARIAN_VOCAB_FILE),
             json.dumps(vocab, ensure_ascii=False, indent=2) + "\n",
         )
         write_text_atomically(
-            os.path.join(directory, model_directory.MARIAN_TOKENIZER_FILE),
+            os.path.join(directory, file_names.MARIAN_TOKENIZER_FILE),
             json.dumps(self._settings(), indent=2, sort_keys=True) + "\n",
         )
         return directory
@@ -236,7 +236,7 @@ class MarianTokenizer(tf.Module):
             ValueError: a file is corrupt (named), or its ids do not fit together.
         """
         directory = os.fspath(directory)
-        settings_path = os.path.join(directory, model_directory.MARIAN_TOKENIZER_FILE)
+        settings_path = os.path.join(directory, file_names.MARIAN_TOKENIZER_FILE)
         settings = _read_json(settings_path)
         try:
             layout = settings["format"]
@@ -246,11 +246,11 @@ class MarianTokenizer(tf.Module):
             size = settings["marian_vocab_size"]
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{settings_path} is corrupt: {type(error).__name__}: {error}") from None
-        vocab_path = os.path.join(directory, model_directory.MARIAN_VOCAB_FILE)
+        vocab_path = os.path.join(directory, file_names.MARIAN_VOCAB_FILE)
         vocabulary = MarianVocabulary(_read_json(vocab_path), size, **ids)
         return cls(
-            _read_bytes(os.path.join(directory, model_directory.MARIAN_SOURCE_SPM_FILE)),
-            _read_bytes(os.path.join(directory, model_directory.MARIAN_TARGET_SPM_FILE)),
+            _read_bytes(os.path.join(directory, file_names.MARIAN_SOURCE_SPM_FILE)),
+            _read_bytes(os.path.join(directory, file_names.MARIAN_TARGET_SPM_FILE)),
             vocabulary,
             source=directory,
         )

@@ -1,8 +1,8 @@
 """The layout of a model directory: the names of what a training run writes.
 
 One directory per run (`saved_models/<name>/`) holds everything needed to use or
-continue it, under these names, defined here once for the trainer, the callbacks, the
-evaluation and the command-line tools:
+continue it, under these names (defined once, in `keras_transformer.file_names`, and
+importable from here):
 
 ```
 model.keras            the trained model (architecture, weights, optimizer state)
@@ -46,28 +46,30 @@ import keras
 from keras_transformer import checks
 from keras_transformer.atomic import write_text_atomically
 
-# The names of a model directory's parts, defined once. tests/test_callbacks.py checks
-# the tokenizer agrees.
-MODEL_FILE = "model.keras"
-TOKENIZER_FILE = "tokenizer.model"
-CONFIG_FILE = "config.toml"
-CSV_LOG_FILE = "training_log.csv"
-CURVES_FILE = "training_curves.png"
-TENSORBOARD_DIR = "logs"
-CHECKPOINT_DIR = "checkpoints"
-CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"  # Keras fills in the 1-based epoch
-BACKUP_DIR = "backup"
-METRICS_FILE = "metrics.json"
-MANIFEST_FILE = "manifest.json"
+# The names of a model directory's parts, defined once in a leaf module (the tokenizers
+# write their files under them) and importable from here.
+from keras_transformer.file_names import (
+    BACKUP_DIR,
+    CHECKPOINT_DIR,
+    CHECKPOINT_PATTERN,
+    CONFIG_FILE,
+    CSV_LOG_FILE,
+    CURVES_FILE,
+    MANIFEST_FILE,
+    MARIAN_SOURCE_SPM_FILE,
+    MARIAN_TARGET_SPM_FILE,
+    MARIAN_TOKENIZER_FILE,
+    MARIAN_VOCAB_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    TENSORBOARD_DIR,
+    TOKENIZER_FILE,
+)
+from keras_transformer.search_defaults import BEAM_SIZE, LENGTH_PENALTY
 # The version of manifest.json's layout: 2 added "tokenizer_kind", written only for a
 # tokenizer other than sentencepiece, so that a reader of format 1 refuses such a
 # directory ("newer than this package reads") instead of looking for tokenizer.model.
 MANIFEST_FORMAT = 2
-# A Marian / OPUS-MT model's tokenizer (keras_transformer.marian), in place of tokenizer.model.
-MARIAN_SOURCE_SPM_FILE = "source.spm"
-MARIAN_TARGET_SPM_FILE = "target.spm"
-MARIAN_VOCAB_FILE = "vocab.json"
-MARIAN_TOKENIZER_FILE = "marian_tokenizer.json"
 # The kinds of tokenizer a model directory may hold; the manifest's "tokenizer_kind".
 SENTENCEPIECE_KIND = "sentencepiece"
 MARIAN_KIND = "marian"
@@ -422,8 +424,6 @@ def resolve_search(model_dir_or_model, beam_size=None, length_penalty=None):
     >>> resolve_search("no/such/run", beam_size=2)  # nothing saved there: the paper's alpha
     (2, 0.6)
     """
-    from keras_transformer.inference.decoding import BEAM_SIZE, LENGTH_PENALTY  # Keras ops: lazily
-
     if isinstance(model_dir_or_model, (list, tuple)) and model_dir_or_model:
         model_dir_or_model = model_dir_or_model[0]  # an ensemble: its first member's
     if beam_size is None or length_penalty is None:

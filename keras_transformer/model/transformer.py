@@ -9,16 +9,9 @@ import numpy as np
 from keras import ops
 
 from keras_transformer import checks
+from keras_transformer.input_names import MODEL_INPUTS, PACKING_INPUTS
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.model.stacks import build_stacks
-
-PACKING_INPUTS = (
-    "encoder_segment_ids",
-    "decoder_segment_ids",
-    "encoder_positions",
-    "decoder_positions",
-)
-"""The extra inputs of a batch of packed rows (`make_dataset(..., packing=True)`)."""
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -102,7 +95,7 @@ class Transformer(keras.Model):
 
     def _call_packed(self, inputs, training):
         """The forward pass over rows of packed pairs: the stacks, run with segments."""
-        missing = [key for key in ("encoder_inputs", "decoder_inputs") + PACKING_INPUTS if key not in inputs]
+        missing = [key for key in MODEL_INPUTS + PACKING_INPUTS if key not in inputs]
         if missing:
             raise ValueError(
                 f"A packed batch needs encoder_inputs, decoder_inputs and all of {list(PACKING_INPUTS)}. "
