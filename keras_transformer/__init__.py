@@ -39,7 +39,6 @@ from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: 
 from keras_transformer.train.budget_schedule import BudgetSchedule  # noqa: E402
 from keras_transformer.train.budget_estimate import StepBudgetEstimator  # noqa: E402
 from keras_transformer.train.late_dropout import LateDropout  # noqa: E402
-from keras_transformer.train.rdrop import RDropCrossEntropy  # noqa: E402
 from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
 from keras_transformer.version import __version__  # noqa: E402
@@ -56,7 +55,6 @@ _LAZY = {
     "RunConfig": "keras_transformer.train.run_config",
     "run_training": "keras_transformer.train.run",
     "average_checkpoints": "keras_transformer.train.checkpoints",
-    "duplicate_batches": "keras_transformer.data.duplication",
     # Pretrained Marian / OPUS-MT translators (the `marian` extra; see docs/pretrained.md).
     "import_marian": "keras_transformer.marian.importer",
     "MarianTokenizer": "keras_transformer.marian.tokenizer",
@@ -94,7 +92,6 @@ __all__ = [
     "StepBudgetEstimator",
     "LateDropout",
     "LabelSmoothedCrossEntropy",
-    "RDropCrossEntropy",
     "MaskedAccuracy",
     "Perplexity",
     "PAD_ID",

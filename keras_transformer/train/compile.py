@@ -16,7 +16,6 @@ from keras_transformer.train.fused_adam import FusedAdam
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity
 from keras_transformer.train.precision import loss_scaled_optimizer
-from keras_transformer.train.rdrop import RDropCrossEntropy
 from keras_transformer.layers.scale_norm import SCALE_NORM_GAIN
 from keras_transformer.train.config import TrainingConfig
 from keras_transformer.train.budget_schedule import PROVISIONAL_TOTAL_STEPS, BudgetSchedule
@@ -203,8 +202,7 @@ def compile_transformer(
     """Compiles `model` with the paper's optimizer, schedule, loss and metrics.
 
     Sets `make_optimizer(model.config.d_model, training_config)`,
-    `LabelSmoothedCrossEntropy(training_config.label_smoothing)` (padding ignored; with
-    `rdrop_alpha` > 0 `RDropCrossEntropy`, whose batches must hold each example twice) and
+    `LabelSmoothedCrossEntropy(training_config.label_smoothing)` (padding ignored) and
     the metrics `MaskedAccuracy` and `Perplexity`. When the model computes in float16
     (`mixed_float16` from `model.config.dtype_policy`, or from the global policy when
     that is None), the optimizer is wrapped in `keras.optimizers.LossScaleOptimizer` so
@@ -268,19 +266,13 @@ def compile_transformer(
 
 
 def make_loss(training_config=None):
-    """The recipe's loss: `LabelSmoothedCrossEntropy`, or `RDropCrossEntropy` with `rdrop_alpha` > 0.
-
-    R-Drop's loss expects batches holding every example twice
-    (`keras_transformer.data.duplication.duplicate_batches`); `run_training` duplicates
-    its batches when the config asks for it, a user's own `fit` must do the same.
+    """The recipe's loss: `LabelSmoothedCrossEntropy` with the config's `label_smoothing` (5.4).
 
     Example:
-    >>> type(make_loss(kt.TrainingConfig(rdrop_alpha=5.0))).__name__
-    'RDropCrossEntropy'
+    >>> make_loss(kt.TrainingConfig(label_smoothing=0.2)).label_smoothing
+    0.2
     """
     training_config = _checked_training_config(training_config)
-    if training_config.rdrop_alpha:
-        return RDropCrossEntropy(training_config.rdrop_alpha, training_config.label_smoothing)
     return LabelSmoothedCrossEntropy(training_config.label_smoothing)
 
 

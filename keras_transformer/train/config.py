@@ -63,11 +63,6 @@ class TrainingConfig:
     # tokens a side per update, on 8 GPUs); N > 1 reaches that batch on one small device
     # (see keras_transformer.train.accumulation).
     gradient_accumulation_steps: int = 1
-    # R-Drop (Liang et al., 2021; not in the paper): > 0 reads every batch twice under
-    # different dropout and adds rdrop_alpha times the symmetric KL divergence of the two
-    # passes to the loss (keras_transformer.train.rdrop; fairseq's --reg-alpha, 5 on
-    # IWSLT'14). A step computes twice the tokens. 0 is off.
-    rdrop_alpha: float = 0.0
 
     def __post_init__(self):
         checks.check_dataclass_fields(self)
@@ -91,7 +86,6 @@ class TrainingConfig:
         if self.clipnorm is not None:
             checks.check_positive_number("clipnorm", self.clipnorm)
         checks.check_rate("weight_decay", self.weight_decay)
-        checks.check_non_negative_number("rdrop_alpha", self.rdrop_alpha)
 
     def replace(self, **changes):
         """A copy with `changes` applied and validated; unknown names raise `ValueError`."""

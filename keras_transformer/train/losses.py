@@ -142,17 +142,13 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID, *
     """
     labels = sparse_labels(labels, logits)
     log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    return token_cross_entropy_from_log_probs(
+    return _token_cross_entropy_from_log_probs(
         labels, log_probs, label_smoothing, ignore_id, differentiated=differentiated
     )
 
 
-def token_cross_entropy_from_log_probs(labels, log_probs, label_smoothing=0.0, ignore_id=PAD_ID, *, differentiated=True):
-    """`token_cross_entropy` from float32 log-probabilities `[B, T, V]` already computed.
-
-    For a loss that needs the log-probabilities for a term of its own (R-Drop's KL): one
-    log-softmax serves both. `labels` are int `[B, T]` (`sparse_labels`).
-    """
+def _token_cross_entropy_from_log_probs(labels, log_probs, label_smoothing, ignore_id, *, differentiated):
+    """`token_cross_entropy` from float32 log-probabilities `[B, T, V]`; `labels` int `[B, T]`."""
     if ignore_id is None:
         is_real = ops.ones_like(labels, dtype="bool")
     else:

@@ -159,7 +159,6 @@ def run_training(run_config, *, print_fn=print):
         # are made, and keras.distribution (JAX) is set for the scope's duration only.
         with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
             replicas = distribute.num_replicas(engine)
-            check_rdrop_replicas(run_config.training_config(), replicas)
             model = build_and_compile(run_config, config)
             # Everything is checked: from here on the run writes, in plan.staging.
             stage_run(plan, run_config, config, tokenizer, print_fn)
@@ -279,11 +278,9 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
     With `bidirectional_steps` N, training starts with N batches of the pairs read both
     ways (`keras_transformer.data.bidirectional`), less those of the `completed_epochs`
     a resumed run restarts after, and repeats: each Keras epoch is then `steps_per_epoch`
-    batches (default one pass's worth of source->target batches). With `[training]
-    rdrop_alpha` > 0 every batch holds each example twice (R-Drop).
+    batches (default one pass's worth of source->target batches).
     """
     from keras_transformer.data.bidirectional import bidirectional_pairs, bidirectional_then_forward
-    from keras_transformer.data.duplication import duplicate_batches
     from keras_transformer.data.pipeline import make_dataset
 
     batching = dict(
@@ -323,27 +320,7 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
     if splits.get("validation"):
         batching["packing"] = False  # packing is for the training batches only
         validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
-    if run_config.training_config().rdrop_alpha:
-        # R-Drop's loss reads each batch as two copies; validation's too (without dropout
-        # the copies agree, so its loss is the plain cross-entropy).
-        train = duplicate_batches(train)
-        validation = duplicate_batches(validation) if validation is not None else None
     return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
-
-
-def check_rdrop_replicas(training_config, replicas):
-    """Refuses R-Drop on several replicas: each would get a share of the rows, not both copies.
-
-    `duplicate_batches` puts an example's two copies in the two halves of a batch; a
-    strategy that splits the batch by rows gives the halves to different replicas (and
-    JAX's padding to a multiple of the replicas adds rows to the second half only).
-    """
-    if training_config.rdrop_alpha and replicas > 1:
-        raise ValueError(
-            "R-Drop (rdrop_alpha > 0) trains on one device: a batch split over replicas by rows "
-            "would separate each example's two copies. Train with one replica, or without "
-            f"R-Drop. Received: rdrop_alpha={training_config.rdrop_alpha}, replicas={replicas}"
-        )
 
 
 def build_and_compile(run_config, config):

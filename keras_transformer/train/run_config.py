@@ -30,6 +30,7 @@ from keras_transformer.model.config import LEGACY_FIELDS, TransformerConfig
 from keras_transformer.train.callbacks import EARLY_STOPPING_MONITORS
 from keras_transformer.train.compile import JIT_COMPILE_VALUES
 from keras_transformer.train.config import TrainingConfig
+from keras_transformer.train.removed_keys import check_not_removed, drop_removed_keys
 
 CORPORA = ("demo", "files", "tsv", "tfds")
 # Settings that say how a run is carried out, not what it trains: an interrupted run
@@ -403,6 +404,7 @@ class RunConfig:
             if "=" not in assignment:
                 raise ValueError(f"An override must look like key=value. Received: {assignment!r}")
             key, text = (part.strip() for part in assignment.split("=", 1))
+            check_not_removed(key, text)
             table, _, field = key.rpartition(".")
             if table:
                 if table not in _TABLES:
@@ -423,14 +425,21 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values):
-        """Builds a config from a dict (TOML's), refusing unknown keys with `ValueError`."""
+        """Builds a config from a dict (TOML's), refusing unknown keys with `ValueError`.
+
+        A key that 0.4 removed gets its own `ValueError`, saying so and why; at its 0.3
+        default it is dropped with a warning (`keras_transformer.train.removed_keys`).
+        """
         if not isinstance(values, dict):
             raise ValueError(f"Expected a table of run settings. Received: {type(values).__name__}")
         values = dict(values)
         for table in _TABLES:
             if table in values and not isinstance(values[table], dict):
                 raise ValueError(f"`{table}` must be a table. Received: {table}={values[table]!r}")
+            if table in values:
+                values[table] = dict(values[table])  # drop_removed_keys changes it
         _move_legacy_model_keys(values)
+        drop_removed_keys(values)
         checks.check_known_keys("run config key", values, RunConfig)
         return cls(**values)
 
