@@ -292,3 +292,34 @@ def test_tfds_refuses_unknown_language(tfds_data_dir):
     )
     with pytest.raises(ValueError, match=message):
         _load_tiny(tfds_data_dir, target_lang="fr")
+
+
+def test_tfds_streams_and_binarizes_through_text_corpus(tfds_data_dir, tmp_path):
+    from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    corpus = TextCorpus(
+        "tfds", tfds_name="keras_transformer_tiny_translation", split="train", source_lang="en",
+        target_lang="de", data_dir=str(tfds_data_dir), skip_malformed=True,
+    )
+    stats = ReadStats()
+    stream = corpus.read(stats)
+    assert next(stream) == PAIRS[0] and stats.pairs_read == 1  # read one example at a time
+    assert list(stream) == PAIRS[1:] and (stats.pairs_read, stats.skipped) == (2, 2)
+    tokenizer = train_tokenizer([side for pair in PAIRS for side in pair] * 10, 36)
+    binarized = binarized_corpus(corpus, tokenizer, str(tmp_path), print_fn=lambda line: None, progress=False)
+    assert binarized.num_pairs == 2 and binarized.meta["skipped"] == 2
+    assert binarized.pair_ids(1)[1].tolist() == tokenizer.encode([PAIRS[1][1]])[0]
+
+
+def test_streaming_readers_yield_one_pair_at_a_time(tmp_path):
+    source, target = _parallel(tmp_path, "a\nb\n", "x\n\n")
+    stats = ReadStats()
+    stream = readers.iter_parallel_files(source, target, stats=stats)
+    assert next(stream) == ("a", "x") and stats.pairs_read == 1
+    with pytest.raises(ValueError, match=_at(target, 2)):  # the bad line is named when it is reached
+        next(stream)
+    tsv = _write(tmp_path / "a.tsv", "a\tx\nb\n")
+    stats = ReadStats()
+    assert list(readers.iter_tsv(tsv, skip_malformed=True, stats=stats)) == [("a", "x")]
+    assert stats.skipped_reasons == collections.Counter({readers.MISSING_COLUMN: 1})

@@ -1,0 +1,214 @@
+"""A corpus binarized once: its token ids in memory-mapped arrays that later runs open at once.
+
+fairseq's answer to corpora of millions of pairs (`fairseq-preprocess`): tokenize every
+pair once, write the ids back to back in one flat file per side, and keep an offset per
+pair. Opening it maps the files (no reading, no tokenizing), so a run's start and its
+memory do not grow with the corpus; a batch gathers its pairs' ids from the pages it
+touches. The directory holds:
+
+    source.bin, target.bin      every pair's ids, back to back (uint16, or int32 for a
+                                vocabulary over 65,536 pieces); no BOS or EOS
+    source_offsets.npy,         int64 [pairs + 1]: pair i is ids[offsets[i]:offsets[i+1]]
+    target_offsets.npy
+    lengths.npy                 int32 [pairs]: max(source, target) + 1, the length the
+                                batches bucket by (what `data.pipeline` counts, with EOS/BOS)
+    meta.json                   pairs, tokens, the tokenizer's fingerprint, what was read
+                                and skipped
+
+`write_binarized` writes it beside its final place and renames it there, so a directory
+that exists is whole.
+"""
+
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+
+
+META_FILE = "meta.json"
+FORMAT_VERSION = 1
+
+# Pairs tokenized at a time: sentencepiece's batch call amortizes the Python overhead,
+# and a chunk of ~50k pairs stays a few MB whatever the corpus size.
+_CHUNK_PAIRS = 50_000
+
+
+@dataclasses.dataclass(frozen=True)
+class BinarizedCorpus:
+    """An opened binarized corpus: memory-mapped ids, offsets and lengths, and its meta.
+
+    Attributes:
+        directory: str, where it lives.
+        source_ids, target_ids: 1-D memory-mapped arrays of every pair's ids.
+        source_offsets, target_offsets: int64 [pairs + 1] (memory-mapped).
+        lengths: int32 [pairs], `max(source, target) + 1` per pair (memory-mapped).
+        meta: dict, `meta.json`.
+    """
+
+    directory: str
+    source_ids: np.ndarray
+    target_ids: np.ndarray
+    source_offsets: np.ndarray
+    target_offsets: np.ndarray
+    lengths: np.ndarray
+    meta: dict
+
+    @property
+    def num_pairs(self):
+        return len(self.lengths)
+
+    def pair_ids(self, index):
+        """`(source_ids, target_ids)` of pair `index`, as int32 arrays (for tests and checks)."""
+        source = self.source_ids[self.source_offsets[index]:self.source_offsets[index + 1]]
+        target = self.target_ids[self.target_offsets[index]:self.target_offsets[index + 1]]
+        return source.astype(np.int32), target.astype(np.int32)
+
+
+def open_binarized(directory):
+    """Maps the arrays of a binarized corpus; reads nothing but `meta.json`.
+
+    Raises:
+        FileNotFoundError: no binarized corpus in `directory`.
+        ValueError: a format this version does not read.
+    """
+    meta_path = os.path.join(directory, META_FILE)
+    if not os.path.isfile(meta_path):
+        raise FileNotFoundError(f"No binarized corpus in {directory}: {META_FILE} is missing.")
+    with open(meta_path, encoding="utf-8") as file:
+        meta = json.load(file)
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"{meta_path} has format {meta.get('format')!r}; this version reads format "
+            f"{FORMAT_VERSION}. Delete {directory} to binarize the corpus again."
+        )
+    dtype = np.dtype(meta["dtype"])
+
+    def ids(name):
+        path = os.path.join(directory, name)
+        # np.memmap refuses an empty file; a side with no tokens cannot happen (EOS-less
+        # ids of non-empty sentences), but an empty array keeps the type honest anyway.
+        return np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
+
+    def array(name):
+        return np.load(os.path.join(directory, name), mmap_mode="r")
+
+    return BinarizedCorpus(
+        directory=directory,
+        source_ids=ids("source.bin"),
+        target_ids=ids("target.bin"),
+        source_offsets=array("source_offsets.npy"),
+        target_offsets=array("target_offsets.npy"),
+        lengths=array("lengths.npy"),
+        meta=meta,
+    )
+
+
+def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=None, progress=True):
+    """Tokenizes `pairs` once and writes them to `directory` as a binarized corpus.
+
+    Streams: `pairs` is read one chunk at a time, so memory stays bounded (the offsets,
+    8 bytes a pair a side, are the only thing that grows). Written in a temporary
+    directory beside `directory` and renamed onto it; if another process finished first,
+    its copy is kept.
+
+    Args:
+        pairs: iterable of `(source, target)` str pairs (`data.readers.iter_*`).
+        tokenizer: a `SubwordTokenizer` (its `encode` cuts both sides).
+        directory: str, where the corpus goes; must not exist yet.
+        vocab_size: int, the model's vocabulary: every id is checked to be below it.
+            Defaults to the tokenizer's.
+        extra_meta: dict, more entries for `meta.json`, or a callable returning it,
+            called once every pair is read (for counts the reading fills in).
+        progress: bool, a tqdm progress bar on stderr.
+
+    Returns:
+        The opened `BinarizedCorpus`.
+
+    Raises:
+        ValueError: an id outside `[0, vocab_size)`, or no pairs at all.
+    """
+    vocab_size = vocab_size or tokenizer.vocab_size
+    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    staging = f"{directory}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    started = time.monotonic()
+    try:
+        counts = _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress)
+        meta = {
+            "format": FORMAT_VERSION,
+            "dtype": np.dtype(dtype).name,
+            "pairs": counts["pairs"],
+            "source_tokens": counts["source_tokens"],
+            "target_tokens": counts["target_tokens"],
+            "tokenizer_sha256": tokenizer.fingerprint,
+            "vocab_size": vocab_size,
+            "seconds": round(time.monotonic() - started, 1),
+            **((extra_meta() if callable(extra_meta) else extra_meta) or {}),
+        }
+        with open(os.path.join(staging, META_FILE), "w", encoding="utf-8") as file:
+            json.dump(meta, file, indent=1)
+        try:
+            os.rename(staging, directory)
+        except OSError:
+            if not os.path.isfile(os.path.join(directory, META_FILE)):
+                raise
+            # Another worker binarized the same corpus first: keep its copy.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return open_binarized(directory)
+
+
+def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
+    """Writes the id files and the offsets / lengths arrays; returns the counts."""
+    import tqdm
+
+    lengths = {"source": [], "target": []}
+    pairs = iter(pairs)
+    bar = tqdm.tqdm(unit=" pairs", unit_scale=True, desc="binarizing", disable=not progress, mininterval=2)
+    with open(os.path.join(staging, "source.bin"), "wb") as source_file, open(
+        os.path.join(staging, "target.bin"), "wb"
+    ) as target_file:
+        while chunk := list(itertools.islice(pairs, _CHUNK_PAIRS)):
+            for side, file, sentences in (
+                ("source", source_file, [source for source, _ in chunk]),
+                ("target", target_file, [target for _, target in chunk]),
+            ):
+                ids = tokenizer.encode(sentences)
+                side_lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+                flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(side_lengths.sum()))
+                _check_ids(flat, vocab_size)
+                flat.astype(dtype).tofile(file)
+                lengths[side].append(side_lengths)
+            bar.update(len(chunk))
+    bar.close()
+    if not lengths["source"]:
+        raise ValueError("No sentence pairs to binarize. Expected at least one pair.")
+    source_lengths, target_lengths = (np.concatenate(lengths[side]) for side in ("source", "target"))
+    for side, side_lengths in (("source", source_lengths), ("target", target_lengths)):
+        offsets = np.zeros(len(side_lengths) + 1, np.int64)
+        np.cumsum(side_lengths, out=offsets[1:])
+        np.save(os.path.join(staging, f"{side}_offsets.npy"), offsets)
+    np.save(os.path.join(staging, "lengths.npy"), (np.maximum(source_lengths, target_lengths) + 1).astype(np.int32))
+    return {
+        "pairs": len(source_lengths),
+        "source_tokens": int(source_lengths.sum()),
+        "target_tokens": int(target_lengths.sum()),
+    }
+
+
+def _check_ids(flat, vocab_size):
+    """Refuses ids outside `[0, vocab_size)`, as `data.pipeline.make_dataset` does."""
+    if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
+        raise ValueError(
+            f"The tokenizer made token ids outside [0, vocab_size={vocab_size}) (from "
+            f"{int(flat.min())} to {int(flat.max())}); nothing was binarized. Were the "
+            "tokenizer and the model trained together?"
+        )
+
+
+__all__ = ["BinarizedCorpus", "open_binarized", "write_binarized"]

@@ -1,0 +1,194 @@
+"""Binarized corpora and their index-planned batches, on small corpora written here.
+
+The batches must be those of `make_dataset` (same rows, same statistics), every pair in
+exactly one batch of each epoch, a resumed stream the same batches as an unbroken one,
+and the workers' shares of each batch disjoint and whole.
+"""
+
+import gzip
+import json
+import re
+
+import numpy as np
+import pytest
+
+from keras_transformer.data.binarized import open_binarized, write_binarized
+from keras_transformer.data.index_batches import IndexBatches, Shard, worker_shard
+from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
+from keras_transformer.data.tokenizer import train_tokenizer
+from keras_transformer.special_tokens import PAD_ID
+
+WORDS = "ein zwei drei vier haus katze hund baum auto rot blau".split()
+
+
+def _pairs(count=120, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        (" ".join(rng.choice(WORDS, rng.integers(1, 10))), " ".join(rng.choice(WORDS, rng.integers(1, 10))))
+        for _ in range(count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer([side for pair in _pairs(300) for side in pair], 32)
+
+
+@pytest.fixture(scope="module")
+def corpus(tokenizer, tmp_path_factory):
+    return write_binarized(_pairs(), tokenizer, str(tmp_path_factory.mktemp("bin") / "train"), progress=False)
+
+
+def _rows(batches):
+    """Every non-padding row of `batches` as a tuple of its three vectors."""
+    rows = []
+    for inputs, labels in batches:
+        arrays = [np.asarray(inputs["encoder_inputs"]), np.asarray(inputs["decoder_inputs"]), np.asarray(labels)]
+        rows += [tuple(map(tuple, row)) for row in zip(*arrays) if any(row[0])]
+    return rows
+
+
+def _pair_ids(batches, step):
+    return set(batches.batch_pairs(step)[0].tolist())
+
+
+def test_binarized_ids_are_the_tokenizers(corpus, tokenizer):
+    pairs = _pairs()
+    assert corpus.num_pairs == len(pairs) == corpus.meta["pairs"]
+    for index in (0, 7, len(pairs) - 1):
+        source, target = corpus.pair_ids(index)
+        assert source.tolist() == tokenizer.encode([pairs[index][0]])[0]
+        assert target.tolist() == tokenizer.encode([pairs[index][1]])[0]
+    assert corpus.lengths[7] == max(len(corpus.pair_ids(7)[0]), len(corpus.pair_ids(7)[1])) + 1
+    assert corpus.source_ids.dtype == np.uint16  # 32 pieces fit in two bytes
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate"])
+def test_batches_hold_the_rows_and_statistics_of_make_dataset(corpus, tokenizer, overlong):
+    settings = dict(max_length=10, tokens_per_batch=40, overlong=overlong)
+    batches = IndexBatches(corpus, shuffle=False, **settings)
+    reference = make_dataset(_pairs(), tokenizer, shuffle=False, **settings)
+    assert batches.stats == reference.stats
+    assert sorted(_rows(batches.batches(0, batches.num_batches))) == sorted(_rows(reference.dataset.as_numpy_iterator()))
+    # Every batch is padded to its bucket's boundary and holds at most its bucket's size.
+    for step in range(batches.num_batches):
+        pairs, length = batches.batch_pairs(step)
+        inputs, labels = batches.batch(step)
+        assert inputs["encoder_inputs"].shape == labels.shape == (len(pairs), length)
+        assert len(pairs) <= 40 // length
+
+
+def test_every_pair_once_per_epoch_in_a_new_order(corpus):
+    batches = IndexBatches(corpus, max_length=12, tokens_per_batch=48, seed=3)
+    epochs = []
+    for epoch in range(2):
+        seen = [pair for step in range(epoch * batches.num_batches, (epoch + 1) * batches.num_batches)
+                for pair in batches.batch_pairs(step)[0].tolist()]
+        assert sorted(seen) == np.flatnonzero(np.asarray(corpus.lengths) <= 12).tolist()
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]
+
+
+def test_a_resumed_stream_gives_the_batches_of_an_unbroken_one(corpus):
+    settings = dict(max_length=12, tokens_per_batch=48, seed=5)
+    unbroken = list(IndexBatches(corpus, **settings).batches(0, 30))
+    # A new object, as in a new process: the stream starts at batch 17, across an epoch's end.
+    resumed = list(IndexBatches(corpus, **settings).batches(17, 30))
+    assert IndexBatches(corpus, **settings).num_batches < 30
+    for (inputs, labels), (inputs_again, labels_again) in zip(unbroken[17:], resumed):
+        np.testing.assert_array_equal(labels, labels_again)
+        np.testing.assert_array_equal(inputs["encoder_inputs"], inputs_again["encoder_inputs"])
+
+
+def test_two_workers_read_disjoint_shares_that_cover_each_batch(corpus):
+    settings = dict(max_length=12, tokens_per_batch=48, seed=1)
+    whole = IndexBatches(corpus, **settings)
+    workers = [IndexBatches(corpus, shard=Shard(index, 2), **settings) for index in range(2)]
+    for step in range(whole.num_batches + 3):
+        shares = [worker.batch(step) for worker in workers]
+        assert shares[0][1].shape == shares[1][1].shape  # the workers step together
+        rows = [_rows([share]) for share in shares]
+        assert not set(rows[0]) & set(rows[1])
+        assert sorted(rows[0] + rows[1]) == sorted(_rows([whole.batch(step)]))
+        # Top-up rows are padding everywhere, labels included: the loss ignores them.
+        for inputs, labels in shares:
+            empty = ~inputs["encoder_inputs"].any(axis=1)
+            assert (labels[empty] == PAD_ID).all() and (inputs["decoder_inputs"][empty] == PAD_ID).all()
+
+
+@pytest.mark.parametrize(
+    "tf_config,shard",
+    [
+        (None, Shard(0, 1)),
+        ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 1}}, Shard(1, 2)),
+        ({"cluster": {"chief": ["c"], "worker": ["a", "b"]}, "task": {"type": "worker", "index": 0}}, Shard(1, 3)),
+        ({"cluster": {"chief": ["c"], "worker": ["a"]}, "task": {"type": "chief", "index": 0}}, Shard(0, 2)),
+    ],
+)
+def test_worker_shard_reads_tf_config(monkeypatch, tf_config, shard):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert worker_shard(tf_config or {}) == shard
+
+
+def test_shard_refuses_an_index_outside_its_count():
+    with pytest.raises(ValueError, match=re.escape("Received: index=2, count=2")):
+        Shard(2, 2)
+
+
+def test_dataset_streams_the_batches_endlessly(corpus):
+    batches = IndexBatches(corpus, max_length=12, tokens_per_batch=48)
+    dataset = batches.dataset(start=4)
+    streamed = [batch for _, batch in zip(range(batches.num_batches + 2), dataset.as_numpy_iterator())]
+    for step, (inputs, labels) in enumerate(streamed, start=4):
+        np.testing.assert_array_equal(labels, batches.batch(step)[1])
+
+
+def _write(path, lines, compress=False):
+    data = "".join(f"{line}\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return str(path)
+
+
+def test_binarized_once_then_opened_from_the_cache_gzip_included(tmp_path, tokenizer):
+    pairs = _pairs(50)
+    text = TextCorpus(
+        "files",
+        paths=(_write(tmp_path / "train.de.gz", [s for s, _ in pairs], True), _write(tmp_path / "train.en", [t for _, t in pairs])),
+        split="train",
+    )
+    printed = []
+    first = binarized_corpus(text, tokenizer, str(tmp_path / "cache"), print_fn=printed.append, progress=False)
+    again = binarized_corpus(text, tokenizer, str(tmp_path / "cache"), print_fn=printed.append, progress=False)
+    assert first.directory == again.directory and again.num_pairs == 50
+    assert "written to" in printed[0] and "opened from" in printed[1]
+    assert again.pair_ids(3)[1].tolist() == tokenizer.encode([pairs[3][1]])[0]
+
+
+def test_a_bad_line_is_named_or_counted_and_skipped(tmp_path, tokenizer):
+    source = _write(tmp_path / "train.de", ["ein haus", "", "zwei"])
+    target = _write(tmp_path / "train.en", ["a house", "nothing", "two"])
+    with pytest.raises(ValueError, match=re.escape(f"{source}, line 2: empty line")):
+        binarized_corpus(TextCorpus("files", paths=(source, target)), tokenizer, str(tmp_path / "a"), progress=False)
+    assert not list((tmp_path / "a").iterdir())  # nothing half-written is left to open
+    skipping = TextCorpus("files", paths=(source, target), skip_malformed=True)
+    printed = []
+    binarized = binarized_corpus(skipping, tokenizer, str(tmp_path / "b"), print_fn=printed.append, progress=False)
+    assert binarized.num_pairs == 2
+    assert binarized.meta["skipped"] == 1 and binarized.meta["skipped_reasons"] == {"empty line": 1}
+    assert "1 malformed pairs skipped" in printed[0]
+    with open(f"{binarized.directory}/meta.json", encoding="utf-8") as file:
+        assert json.load(file)["pairs"] == 2
+
+
+def test_an_all_malformed_corpus_is_refused(tmp_path, tokenizer):
+    source = _write(tmp_path / "train.de", [""])
+    target = _write(tmp_path / "train.en", ["x"])
+    with pytest.raises(ValueError, match="all 1 were malformed and skipped"):
+        binarized_corpus(TextCorpus("files", paths=(source, target), skip_malformed=True), tokenizer,
+                         str(tmp_path / "c"), progress=False)
+
+
+def test_open_binarized_refuses_a_directory_without_a_corpus(tmp_path):
+    with pytest.raises(FileNotFoundError, match="meta.json is missing"):
+        open_binarized(str(tmp_path))
