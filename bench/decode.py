@@ -57,7 +57,7 @@ Keras is imported):
     .venv/bin/python bench/decode.py
     .venv/bin/python bench/decode.py --backends tensorflow --task-model-dir saved_models/multi30k
     .venv/bin/python bench/decode.py --quick        # a validation run: small, L=8, 1 round
-    .venv/bin/python bench/decode.py --markdown bench/results/decode.json   # the README table
+    .venv/bin/python bench/decode.py --markdown bench/results/decode.json   # the table of docs/fast_inference.md
 
 Writes bench/results/decode.json, decode.png (output tokens/s, log scale) and
 decode.md (the table, as `--markdown` prints it).
@@ -766,7 +766,7 @@ def _plot(payload, path, decoders):
 
 
 def markdown_table(payload):
-    """The README's table: one row per decoder and setting, then the real task, then the targets."""
+    """The markdown table (docs/fast_inference.md): one row per decoder and setting, then the real task, then the targets."""
     info = payload["machine"]
     lines = [
         f"<!-- produced by bench/decode.py from {payload['command']!r} -->",
