@@ -38,7 +38,6 @@ from keras_transformer.train.losses import LabelSmoothedCrossEntropy  # noqa: E4
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: E402
 from keras_transformer.train.budget_schedule import BudgetSchedule  # noqa: E402
 from keras_transformer.train.budget_estimate import StepBudgetEstimator  # noqa: E402
-from keras_transformer.train.late_dropout import LateDropout  # noqa: E402
 from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
 from keras_transformer.version import __version__  # noqa: E402
@@ -90,7 +89,6 @@ __all__ = [
     "TransformerSchedule",
     "BudgetSchedule",
     "StepBudgetEstimator",
-    "LateDropout",
     "LabelSmoothedCrossEntropy",
     "MaskedAccuracy",
     "Perplexity",

@@ -248,7 +248,7 @@ class MultiHeadAttention(keras.layers.Layer):
             visible_rows = masks_lib.any_key_visible(mask)
             attention_mask = ops.logical_or(mask, ops.logical_not(visible_rows))
 
-        # The sub-layer's rate, not `self.dropout`: LateDropout switches it during fit.
+        # The rate the dropout sub-layer applies (a callback may change it during fit).
         dropout_active = self.dropout_layer.rate > 0.0 and bool(training)
         if not return_attention_scores and not dropout_active:
             if query.shape[1] == 1:  # a decoding step

@@ -29,7 +29,7 @@ steps (TensorFlow graphs, XLA, `jax.jit`) bake in, so each change rebuilds the t
 function (`model.make_train_function(force=True)`; `fit` calls the new one from the
 next step on; eager PyTorch reads the new value anyway). An estimate within
 `RETRACE_TOLERANCE` (2%) of the current total changes nothing, and an epoch in which the
-step was rebuilt (by this callback, or by another such as `LateDropout`) is not timed, so a run retraces at most once every other epoch (the
+step was rebuilt (by this callback or another) is not timed, so a run retraces at most once every other epoch (the
 45-minute Multi30k en->de run retraced twice).
 
 Units: the schedule counts optimizer updates (`optimizer.iterations`); with gradient
@@ -258,7 +258,7 @@ class StepBudgetEstimator(keras.callbacks.Callback):
                 self._window = [epoch[0] for epoch in window]
                 self._apply(now, seconds_per_update, batches / self.accumulation, "epochs")
         # The first epoch of a fit compiles the step; so does any epoch begun on a rebuilt one.
-        # A step rebuilt by another callback (LateDropout) compiles again too: the epoch is
+        # A step rebuilt by another callback compiles again too: the epoch is
         # clean only on the very function that ran the whole epoch before.
         self._epoch_clean = (
             self._epochs > 0 and not self._rebuilt and self._same_function(function, self._ended_function)

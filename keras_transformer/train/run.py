@@ -49,7 +49,6 @@ from keras_transformer.model import directory as model_directory
 from keras_transformer.model.transformer import build_transformer
 from keras_transformer.train.budget_estimate import StepBudgetEstimator
 from keras_transformer.train.callbacks import ResumableEarlyStopping, TimeBudget, default_callbacks
-from keras_transformer.train.late_dropout import LateDropout
 from keras_transformer.train.checkpoints import save_final_model
 from keras_transformer.train.compile import compile_transformer, make_schedule
 from keras_transformer.train.curves import plot_training_curves
@@ -445,9 +444,6 @@ def _run_callbacks(run_config, model_dir, splits, tokenizer, print_fn=print):
         )
         after = next(i for i, c in enumerate(callbacks) if isinstance(c, TimeBudget)) + 1
         callbacks.insert(after, estimator)
-    if run_config.late_dropout_start:
-        # After the estimator: the share is of the total it has just set.
-        callbacks.append(LateDropout(start_fraction=run_config.late_dropout_start, print_fn=print_fn))
     return callbacks
 
 

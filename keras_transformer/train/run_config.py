@@ -108,11 +108,6 @@ class RunConfig:
     # 0.1). 0: the usual segmentation. An epoch is then one unsampled pass's batches.
     subword_sampling_source: float = 0.0
     subword_sampling_target: float = 0.0
-    # Late dropout (LateDropout, Liu et al. 2023): the share of the run's updates trained
-    # with the model's attention and activation dropout off; they come on for the rest
-    # (the residual dropout stays on throughout). 0: on from the start. Needs a budgeted
-    # [training] decay, whose total the share is of, and those dropouts in [model].
-    late_dropout_start: float = 0.0
 
     # Tokenizer: one sentencepiece vocabulary for both languages (section 5.1).
     vocab_size: int = 8000
@@ -197,7 +192,7 @@ class RunConfig:
                      "tokenizer_max_sentences", "demo_num_train", "bidirectional_steps", "eval_memory_pairs"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
-        for name in ("subword_sampling_source", "subword_sampling_target", "late_dropout_start"):
+        for name in ("subword_sampling_source", "subword_sampling_target"):
             checks.check_rate(name, getattr(self, name))
         if self.packing and (self.subword_sampling_source or self.subword_sampling_target):
             raise ValueError(
@@ -243,27 +238,9 @@ class RunConfig:
                 "(the updates that fit are then estimated from the measured step time). "
                 f"Received: total_steps=None, max_train_seconds={self.max_train_seconds:g}"
             )
-        if self.late_dropout_start:
-            self._check_late_dropout(model_config, training)
         # The pipeline's own check, now: make_dataset runs it only after the corpus is read.
         max_length = model_config.max_length
         check_batching_arguments(max_length, self.tokens_per_batch, self.bucket_boundaries(max_length))
-
-    def _check_late_dropout(self, model_config, training):
-        if training.decay == "rsqrt":
-            raise ValueError(
-                "`late_dropout_start` is a share of the run's updates, which only a budgeted "
-                "[training] decay knows ('cosine', 'linear', 'rsqrt_cooldown'). Received: "
-                f"late_dropout_start={self.late_dropout_start:g}, decay='rsqrt'"
-            )
-        if not (model_config.attention_dropout or model_config.activation_dropout):
-            raise ValueError(
-                "`late_dropout_start` delays the model's attention and activation dropout, and "
-                "both are 0: set [model] attention_dropout and/or activation_dropout (0.1 is "
-                f"tensor2tensor's). Received: late_dropout_start={self.late_dropout_start:g}, "
-                f"attention_dropout={model_config.attention_dropout:g}, "
-                f"activation_dropout={model_config.activation_dropout:g}"
-            )
 
     def _check_early_stopping(self):
         checks.check_non_negative_int("early_stopping_patience", self.early_stopping_patience)
