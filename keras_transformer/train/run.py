@@ -36,6 +36,7 @@ directory holds.
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import tempfile
@@ -152,7 +153,8 @@ def run_training(run_config, *, print_fn=print):
         config = run_config.model_config(tokenizer.vocab_size)
         backup = os.path.join(plan.staging, model_directory.BACKUP_DIR)
         datasets = make_datasets(
-            run_config, config, splits, tokenizer, completed_epochs=backed_up_epochs(backup) if plan.resuming else 0
+            run_config, config, splits, tokenizer, completed_epochs=backed_up_epochs(backup) if plan.resuming else 0,
+            print_fn=print_fn,
         )
         # Build, compile and fit in the scope: tf.distribute places variables as they
         # are made, and keras.distribution (JAX) is set for the scope's duration only.
@@ -162,7 +164,8 @@ def run_training(run_config, *, print_fn=print):
             # Everything is checked: from here on the run writes, in plan.staging.
             stage_run(plan, run_config, config, tokenizer, print_fn)
             callbacks = _run_callbacks(run_config, plan.staging, splits, tokenizer, print_fn)
-            tokens_per_step = _target_tokens(tokenizer, splits["train"]) / max(datasets.train_stats.num_batches, 1)
+            target_tokens = datasets.target_tokens or _target_tokens(tokenizer, splits["train"])
+            tokens_per_step = target_tokens / max(datasets.train_stats.num_batches, 1)
             _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
             history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
         saved = save_outputs(model, plan.staging, print_fn)
@@ -232,10 +235,25 @@ def load_corpus(run_config):
         corpus = make_demo_corpus(seed=run_config.demo_seed, num_train=run_config.demo_num_train)
         splits = {key: corpus[key] for key in names}
     else:
-        splits = {key: _read_split(run_config, name) for key, name in names.items()}
-    if run_config.max_train_pairs:
+        splits = {key: _read_split(run_config, name) for key, name in names.items() if key != "train"}
+        if "train" in names:
+            # A TextCorpus streams (make_datasets binarizes it once); a list is read whole.
+            corpus = _text_corpus(run_config, names["train"])
+            splits["train"] = corpus if streams_training_split(run_config) else list(corpus)
+    if run_config.max_train_pairs and isinstance(splits.get("train"), list):
         splits["train"] = splits["train"][: run_config.max_train_pairs]
     return splits
+
+
+def streams_training_split(run_config):
+    """Whether the training split is streamed and binarized rather than held as a list.
+
+    A file, TSV or TFDS corpus is; the demo corpus is generated in memory, and packing
+    and subword sampling work on the text (`data.pipeline.make_dataset`).
+    """
+    sampling = run_config.subword_sampling_source or run_config.subword_sampling_target
+    in_memory = run_config.packing or sampling or getattr(run_config, "bidirectional_steps", 0)
+    return run_config.corpus != "demo" and not in_memory
 
 
 def prepare_tokenizer(run_config, train_pairs, model_dir=None, resuming=False):
@@ -249,7 +267,7 @@ def prepare_tokenizer(run_config, train_pairs, model_dir=None, resuming=False):
 
     if resuming:
         return SubwordTokenizer.load(model_dir)
-    pairs = train_pairs[: max(1, run_config.tokenizer_max_sentences // 2)]
+    pairs = itertools.islice(train_pairs, max(1, run_config.tokenizer_max_sentences // 2))  # a list or a stream
     options = {"split_digits": True} if run_config.tokenizer_split_digits else {}
     return train_tokenizer(
         [sentence for pair in pairs for sentence in pair],
@@ -269,18 +287,23 @@ class Datasets:
     train_stats: object
     # Batches in one Keras epoch; None: one pass over `train` (it then ends).
     steps_per_epoch: typing.Optional[int] = None
+    # Real target tokens (with EOS) of the training split, when counted while binarizing.
+    target_tokens: typing.Optional[int] = None
 
 
-def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
+def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0, print_fn=print):
     """Training and validation batches (token budget, padded to length buckets; training's packed with `packing`).
 
     With `bidirectional_steps` N, training starts with N batches of the pairs read both
     ways (`keras_transformer.data.bidirectional`), less those of the `completed_epochs`
     a resumed run restarts after, and repeats: each Keras epoch is then `steps_per_epoch`
-    batches (default one pass's worth of source->target batches).
+    batches (default one pass's worth of source->target batches). A streamed training
+    split (a `TextCorpus`: any file, TSV or TFDS corpus) is binarized once and batched
+    from index arrays instead (`_binarized_datasets`).
     """
     from keras_transformer.data.bidirectional import bidirectional_pairs, bidirectional_then_forward
     from keras_transformer.data.pipeline import make_dataset
+    from keras_transformer.data.text_corpus import TextCorpus
 
     batching = dict(
         vocab_size=config.vocab_size,  # ids beyond the model's embedding are refused here
@@ -289,6 +312,11 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
         bucket_boundaries=run_config.bucket_boundaries(config.max_length),
         packing=run_config.packing,
     )
+    validation = None
+    if splits.get("validation"):  # packing is for the training batches only
+        validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **dict(batching, packing=False))
+    if isinstance(splits["train"], TextCorpus):
+        return _binarized_datasets(run_config, config, splits["train"], tokenizer, validation, completed_epochs, print_fn)
     bidirectional = run_config.bidirectional_steps > 0
     sampling = (run_config.subword_sampling_source, run_config.subword_sampling_target)
     train, train_stats = make_dataset(
@@ -315,10 +343,6 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0):
         )
         remaining = max(0, run_config.bidirectional_steps - completed_epochs * steps_per_epoch)
         train = bidirectional_then_forward(both, train, remaining)
-    validation = None
-    if splits.get("validation"):
-        batching["packing"] = False  # packing is for the training batches only
-        validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
     return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
 
 
@@ -469,11 +493,69 @@ def _read_split(run_config, name):
     return pairs
 
 
+def _text_corpus(run_config, name):
+    """The split `name` as a `TextCorpus`: read on demand, never held whole."""
+    from keras_transformer.data.text_corpus import TextCorpus
+
+    common = dict(split=name, skip_malformed=run_config.skip_malformed, max_pairs=run_config.max_train_pairs)
+    stem = os.path.join(run_config.data_dir, name)
+    if run_config.corpus == "files":
+        paths = (_plain_or_gzip(f"{stem}.{run_config.source_lang}"), _plain_or_gzip(f"{stem}.{run_config.target_lang}"))
+        return TextCorpus("files", paths=paths, **common)
+    if run_config.corpus == "tsv":
+        return TextCorpus("tsv", paths=(stem if stem.endswith(".tsv") else f"{stem}.tsv",), **common)
+    return TextCorpus(
+        "tfds", tfds_name=run_config.tfds_name, source_lang=run_config.source_lang,
+        target_lang=run_config.target_lang, data_dir=run_config.data_dir, **common,
+    )
+
+
+def _plain_or_gzip(path):
+    """`path`, or `path.gz` when only the compressed file is there (the reader then names `path`)."""
+    return f"{path}.gz" if not os.path.exists(path) and os.path.exists(f"{path}.gz") else path
+
+
+def _binarized_datasets(run_config, config, corpus, tokenizer, validation, completed_epochs, print_fn):
+    """`Datasets` of a streamed training split: binarized once (cached), batched from index arrays.
+
+    The batch stream is endless and positioned by batch number: a run resumed after
+    `completed_epochs` Keras epochs starts at the batch after the last one trained, and
+    reads nothing before it (`data.index_batches`).
+    """
+    from keras_transformer.data.index_batches import IndexBatches, worker_shard
+    from keras_transformer.data.text_corpus import binarized_corpus
+
+    cache_dir = run_config.binarized_dir or os.path.join(run_config.output_dir, ".binarized")
+    binarized = binarized_corpus(
+        corpus, tokenizer, cache_dir, vocab_size=config.vocab_size, print_fn=print_fn, progress=run_config.verbose == 1
+    )
+    batches = IndexBatches(
+        binarized, max_length=config.max_length, tokens_per_batch=run_config.tokens_per_batch,
+        bucket_boundaries=run_config.bucket_boundaries(config.max_length), seed=run_config.seed,
+        shard=worker_shard(),
+    )
+    if batches.stats.kept == 0:
+        raise ValueError(
+            f"No pair fits max_length={config.max_length}: all {batches.stats.total} pairs are "
+            "longer. Raise max_length or use overlong='truncate'."
+        )
+    steps_per_epoch = run_config.steps_per_epoch or batches.num_batches
+    return Datasets(
+        train=batches.dataset(start=completed_epochs * steps_per_epoch),
+        validation=validation,
+        train_stats=batches.stats,
+        steps_per_epoch=steps_per_epoch,
+        target_tokens=binarized.meta["target_tokens"] + binarized.num_pairs,
+    )
+
+
 def _timed(print_fn, what, make):
     started = time.monotonic()
     value = make()
     if isinstance(value, dict):
-        detail = ", ".join(f"{len(pairs)} {split}" for split, pairs in value.items()) + " pairs"
+        detail = ", ".join(
+            f"{len(pairs) if isinstance(pairs, list) else 'streamed'} {split}" for split, pairs in value.items()
+        ) + " pairs"
     else:
         detail = f"{value.vocab_size} pieces"
     print_fn(f"{what}: {detail} ({time.monotonic() - started:.1f} s)")

@@ -37,7 +37,7 @@ CORPORA = ("demo", "files", "tsv", "tfds")
 # resumes under new values of these (more epochs, a new time budget, quieter logs,
 # another device strategy). A change of any other setting is another run.
 RESUMABLE_CHANGES = frozenset({
-    "name", "output_dir", "overwrite", "epochs", "max_train_seconds", "strategy",
+    "name", "output_dir", "binarized_dir", "overwrite", "epochs", "max_train_seconds", "strategy",
     "jit_compile", "steps_per_execution", "verbose", "keep_checkpoints",
     "bleu_every_epochs", "bleu_samples", "sample_translations", "eval_decode",
     "eval_beam_size", "eval_length_penalty", "eval_batch_size", "early_stopping_patience",
@@ -87,6 +87,10 @@ class RunConfig:
     demo_num_train: int = 50_000
     demo_seed: int = 0
     max_train_pairs: int = 0  # keep the first N training pairs; 0 keeps all
+    skip_malformed: bool = False  # count and skip a bad training line instead of stopping at it
+    # Where the training split of a files/tsv/tfds corpus is binarized once (memory-mapped
+    # token ids, data.binarized) for every later run to open at once; "": output_dir/.binarized.
+    binarized_dir: str = ""
     # Padded tokens per batch and side. The paper's ~25k (5.1) is a GPU's batch: on a
     # CPU a 25k-token base-model step takes tens of seconds and ~10 GB, so the default
     # fits a laptop; base.toml and big.toml set the paper's value.

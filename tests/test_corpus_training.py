@@ -1,0 +1,72 @@
+"""Training on a streamed, binarized corpus through `run_training`, on every backend.
+
+A file corpus (gzip included) is binarized once under `binarized_dir` and opened by
+later runs; a resumed run's batches continue where the finished epochs stopped.
+"""
+
+import gzip
+
+import numpy as np
+
+from keras_transformer.data.text_corpus import TextCorpus
+from keras_transformer.data.tokenizer import train_tokenizer
+from keras_transformer.train.run import load_corpus, make_datasets, run_training
+from keras_transformer.train.run_config import RunConfig
+
+SOURCE_WORDS = "red blue green black white small big old new one two three".split()
+TARGET_WORDS = "rot blau gruen schwarz weiss klein gross alt neu eins zwei drei".split()
+
+
+def _write_corpus(directory, pairs=80):
+    rng = np.random.default_rng(0)
+    words = [rng.integers(0, 12, size=1 + i % 3) for i in range(pairs)]
+    (directory / "train.en").write_text("".join(" ".join(SOURCE_WORDS[w] for w in ws) + "\n" for ws in words))
+    german = "".join(" ".join(TARGET_WORDS[w] for w in ws[::-1]) + "\n" for ws in words)
+    (directory / "train.de.gz").write_bytes(gzip.compress(german.encode()))
+    return directory
+
+
+def _config(tmp_path, **changes):
+    settings = dict(
+        name="run", output_dir=str(tmp_path / "out"), corpus="files", data_dir=str(tmp_path),
+        source_lang="en", target_lang="de", validation_split="", test_split="", vocab_size=40,
+        epochs=1, bleu_every_epochs=0, sample_translations=0, verbose=0, jit_compile=False,
+        keep_checkpoints=1, tokens_per_batch=64, binarized_dir=str(tmp_path / "binarized"),
+        model=dict(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                   max_length=8, dropout=0.0),
+    )
+    return RunConfig(**{**settings, **changes})
+
+
+def test_a_run_binarizes_its_training_split_once_and_later_runs_open_it(tmp_path):
+    _write_corpus(tmp_path)
+    printed = []
+    result = run_training(_config(tmp_path), print_fn=printed.append)
+    assert any(line.startswith("corpus: streamed train pairs") for line in printed)
+    assert any("binarized corpus: 80 pairs" in line and "written to" in line for line in printed)
+    assert result.steps == result.steps_per_epoch > 0
+    printed.clear()
+    run_training(_config(tmp_path, overwrite=True), print_fn=printed.append)
+    assert any("binarized corpus: 80 pairs, opened from" in line for line in printed)
+    assert len(list((tmp_path / "binarized").iterdir())) == 1
+
+
+def test_a_resumed_run_reads_on_from_the_batch_where_it_stopped(tmp_path):
+    _write_corpus(tmp_path)
+    run_config = _config(tmp_path, steps_per_epoch=3)
+    splits = load_corpus(run_config)
+    assert isinstance(splits["train"], TextCorpus)
+    tokenizer = train_tokenizer([side for pair in splits["train"] for side in pair], 40)
+    model_config = run_config.model_config(tokenizer.vocab_size)
+    unbroken = make_datasets(run_config, model_config, splits, tokenizer, print_fn=lambda line: None)
+    resumed = make_datasets(run_config, model_config, splits, tokenizer, completed_epochs=2, print_fn=lambda line: None)
+    assert unbroken.steps_per_epoch == resumed.steps_per_epoch == 3
+    expected = [labels for _, labels in unbroken.train.take(8).as_numpy_iterator()][6:]
+    for want, (_, labels) in zip(expected, resumed.train.take(2).as_numpy_iterator()):
+        np.testing.assert_array_equal(labels, want)
+
+
+def test_packing_keeps_the_training_split_in_memory(tmp_path):
+    _write_corpus(tmp_path, pairs=10)
+    splits = load_corpus(_config(tmp_path, packing=True, max_train_pairs=4))
+    assert isinstance(splits["train"], list) and len(splits["train"]) == 4
