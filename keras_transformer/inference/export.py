@@ -114,19 +114,17 @@ def _checked_text(text):
         return _as_rank(text, 1)
 
 
-def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, n_best, early_stopping):
-    """A `tf.Module` with the model's variables, the tokenizer and the decode functions."""
-    import tensorflow as tf  # Only on the TF backend, checked by the caller.
+def _n_best_search(model, beam_size, length_penalty, max_extra, n_best, early_stopping):
+    """The search every signature calls: a `tf.function` of `encoder_inputs [B, S]`.
 
-    max_length = model.config.max_length
-    max_source_tokens = max_length - 1  # room for EOS
-    vocab_size = model.config.vocab_size
+    One search, traced once (the best hypothesis is the first of the n-best list), so
+    the SavedModel holds one decoding loop instead of one per signature, and exporting
+    traces it once. autograph=False on every function here: plain TensorFlow ops and
+    the backend-neutral searches, nothing for AutoGraph to rewrite (compiled.py says
+    what converting costs).
+    """
+    import tensorflow as tf  # Only on the TF backend, checked by export_saved_model.
 
-    # One search, traced once: every signature calls this one tf.function (the best
-    # hypothesis is the first of the n-best list), so the SavedModel holds one decoding
-    # loop instead of one per signature, and exporting traces it once.
-    # autograph=False on every function here: plain TensorFlow ops and the backend-neutral
-    # searches, nothing for AutoGraph to rewrite (compiled.py says what converting costs).
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
     def decode_n_best(encoder_inputs):
         """`[B, n_best, L]` tokens and `[B, n_best]` scores, best first."""
@@ -144,9 +142,14 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
         )
         return tokens[:, :n_best], scores[:, :n_best]
 
-    def decode(encoder_inputs):
-        tokens, scores = decode_n_best(encoder_inputs)
-        return tokens[:, 0], scores[:, 0]
+    return decode_n_best
+
+
+def _text_translators(tokenizer, decode_n_best, max_length):
+    """`(translate_text, translate_text_n_best)`: strings `[B]` in, through the tokenizer."""
+    import tensorflow as tf
+
+    max_source_tokens = max_length - 1  # room for EOS
 
     def source_ids(text):
         # Same rules as `Translator`: cut to fit EOS in; `empty` marks no text.
@@ -155,18 +158,11 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
         ids = tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1)
         return ids.to_tensor(default_value=PAD_ID), tf.equal(ids.row_lengths(), 1)
 
-    def translate_ids(encoder_inputs):
-        tokens, scores = decode(_checked_ids(encoder_inputs, max_length, vocab_size))
-        return {"output_ids": tokens, "score": scores}
-
-    def translate_ids_n_best(encoder_inputs):
-        tokens, scores = decode_n_best(_checked_ids(encoder_inputs, max_length, vocab_size))
-        return {"output_ids": tokens, "scores": scores}
-
     def translate_text(text):
         # No text -> "" (score 0), as `Translator` does.
         ids, empty = source_ids(_checked_text(text))
-        tokens, scores = decode(ids)
+        tokens, scores = decode_n_best(ids)
+        tokens, scores = tokens[:, 0], scores[:, 0]
         translation = tf.where(empty, "", tokenizer.detokenize(tokens))
         return {"translation": translation, "score": tf.where(empty, 0.0, scores)}
 
@@ -184,6 +180,27 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
         scores = tf.where(empty[:, None], empty_scores, scores)
         return {"translations": translations, "scores": scores}
 
+    return translate_text, translate_text_n_best
+
+
+def _translation_module(model, tokenizer, decode_n_best):
+    """A `tf.Module` with the model's variables, the tokenizer and the decode functions.
+
+    `tokenizer` None leaves the text functions out (`ids_only`).
+    """
+    import tensorflow as tf
+
+    max_length = model.config.max_length
+    vocab_size = model.config.vocab_size
+
+    def translate_ids(encoder_inputs):
+        tokens, scores = decode_n_best(_checked_ids(encoder_inputs, max_length, vocab_size))
+        return {"output_ids": tokens[:, 0], "score": scores[:, 0]}
+
+    def translate_ids_n_best(encoder_inputs):
+        tokens, scores = decode_n_best(_checked_ids(encoder_inputs, max_length, vocab_size))
+        return {"output_ids": tokens, "scores": scores}
+
     module = tf.Module(name="translation")
     # Tracked, so that the variables and the tokenizer resource the functions capture
     # are saved. The Keras model itself is only closed over: it holds nothing more.
@@ -194,10 +211,26 @@ def _translation_module(model, tokenizer, beam_size, length_penalty, max_extra, 
     module.translate_ids = tf.function(translate_ids, input_signature=ids_spec, autograph=False)
     module.translate_ids_n_best = tf.function(translate_ids_n_best, input_signature=ids_spec, autograph=False)
     if tokenizer is not None:
+        translate_text, translate_text_n_best = _text_translators(tokenizer, decode_n_best, max_length)
         module.tokenizer = tokenizer
         module.translate_text = tf.function(translate_text, input_signature=text_spec, autograph=False)
         module.translate_text_n_best = tf.function(translate_text_n_best, input_signature=text_spec, autograph=False)
     return module
+
+
+def _signatures(module, ids_only):
+    """The SavedModel's signatures by name: concrete functions of `module`."""
+    ids_function = module.translate_ids.get_concrete_function()
+    signatures = {
+        IDS_SIGNATURE: ids_function,
+        IDS_N_BEST_SIGNATURE: module.translate_ids_n_best.get_concrete_function(),
+    }
+    if ids_only:
+        signatures[SERVING_SIGNATURE] = ids_function
+    else:
+        signatures[SERVING_SIGNATURE] = module.translate_text.get_concrete_function()
+        signatures[N_BEST_SIGNATURE] = module.translate_text_n_best.get_concrete_function()
+    return signatures
 
 
 def _as_rank(tensor, rank):
@@ -279,8 +312,6 @@ def export_saved_model(
     ```
     """
     check_tensorflow_backend()
-    import tensorflow as tf
-
     _check_name(name)
     model, tokenizer = load_model_and_tokenizer(model_dir_or_model, tokenizer)
     beam_size, length_penalty = resolve_search(model_dir_or_model, beam_size, length_penalty)
@@ -289,6 +320,17 @@ def export_saved_model(
     checks.check_non_negative_int("max_extra", max_extra)
     checks.check_bool("early_stopping", early_stopping)
     n_best = _checked_n_best(n_best, beam_size)
+    target = _version_directory(base_dir, name, version, overwrite)
+
+    decode_n_best = _n_best_search(model, beam_size, length_penalty, max_extra, n_best, early_stopping)
+    module = _translation_module(model, None if ids_only else tokenizer, decode_n_best)
+    _write_saved_model(module, _signatures(module, ids_only), target, overwrite)
+    _warn_of_xla_ops(target)
+    return target
+
+
+def _version_directory(base_dir, name, version, overwrite):
+    """`base_dir/name/version`, the next version when None; refused if it exists unless `overwrite`."""
     model_base = os.path.join(os.fspath(base_dir), name)
     if version is None:
         version = next_version(model_base)
@@ -299,20 +341,12 @@ def export_saved_model(
             f"{target} already exists; pass overwrite=True (--overwrite) to replace it, "
             "or choose another version."
         )
+    return target
 
-    module = _translation_module(
-        model, None if ids_only else tokenizer, beam_size, length_penalty, max_extra, n_best, early_stopping
-    )
-    ids_function = module.translate_ids.get_concrete_function()
-    signatures = {
-        IDS_SIGNATURE: ids_function,
-        IDS_N_BEST_SIGNATURE: module.translate_ids_n_best.get_concrete_function(),
-    }
-    if ids_only:
-        signatures[SERVING_SIGNATURE] = ids_function
-    else:
-        signatures[SERVING_SIGNATURE] = module.translate_text.get_concrete_function()
-        signatures[N_BEST_SIGNATURE] = module.translate_text_n_best.get_concrete_function()
+
+def _write_saved_model(module, signatures, target, overwrite):
+    """Saves `module` to `target` atomically, refusing a graph that calls back into Python."""
+    import tensorflow as tf
 
     def write(directory):
         tf.saved_model.save(module, directory, signatures=signatures)
@@ -324,6 +358,10 @@ def export_saved_model(
             )
 
     write_directory_atomically(target, write, overwrite=overwrite)
+
+
+def _warn_of_xla_ops(target):
+    """Warns when the SavedModel at `target` holds XLA ops, which stock TF Serving does not run."""
     xla_ops = sorted(op for op in saved_model_op_types(target) if op.startswith("Xla"))
     if xla_ops:
         warnings.warn(
@@ -332,9 +370,8 @@ def export_saved_model(
             "(tensorflow/serving#2217); serve it with --xla_cpu_compilation_enabled=true "
             "or export from a version whose cache update avoids ops.slice_update.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    return target
 
 
 def next_version(model_base):

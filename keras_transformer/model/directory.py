@@ -107,7 +107,33 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
             the model's.
         TypeError: arguments of the wrong kind.
     """
-    from keras_transformer.data.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
+    model_dir, model, manifest = _read_model(model_dir_or_model, tokenizer)
+    if tokenizer is None:
+        tokenizer = model_dir  # a directory's own (`_read_model` refuses a model object without one)
+    source = "the tokenizer given"
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer, source = _load_tokenizer(os.fspath(tokenizer), manifest, model_dir)
+    if not isinstance(tokenizer, _tokenizer_classes()):
+        raise TypeError(
+            "`tokenizer` must be a SubwordTokenizer, a MarianTokenizer, or the path of one. "
+            f"Received: {type(tokenizer).__name__}"
+        )
+    if manifest is not None:
+        _check_fingerprint(tokenizer.fingerprint, manifest, source, model_dir)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"The tokenizer's vocab_size ({tokenizer.vocab_size}) differs from the model's "
+            f"config.vocab_size ({model.config.vocab_size}): they were not trained together."
+        )
+    return model, tokenizer
+
+
+def _read_model(model_dir_or_model, tokenizer):
+    """`(model_dir, model, manifest)`: a directory's model and manifest, or the model given.
+
+    `model_dir` and `manifest` are None for a model object; a directory without a
+    manifest (0.1) has `manifest` None.
+    """
     from keras_transformer.model.transformer import Transformer
 
     manifest = None
@@ -116,8 +142,6 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
         model_dir = os.fspath(model_dir_or_model)
         model = load_model_file(os.path.join(model_dir, MODEL_FILE))
         manifest = read_manifest(model_dir)
-        if tokenizer is None:
-            tokenizer = model_dir
     elif isinstance(model_dir_or_model, Transformer):
         model = model_dir_or_model
         if tokenizer is None:
@@ -146,33 +170,26 @@ def load_model_and_tokenizer(model_dir_or_model, tokenizer=None):
             f"{MODEL_FILE} must hold a keras_transformer.Transformer. "
             f"Received: {type(model).__name__}"
         )
-    source = "the tokenizer given"
-    if isinstance(tokenizer, (str, os.PathLike)):
-        source = os.fspath(tokenizer)
-        kind = _tokenizer_kind_at(source, manifest if source == model_dir else None)
-        if kind == MARIAN_KIND:
-            tokenizer = _marian_tokenizer_class().load(source)
-        else:
-            if os.path.isdir(source):
-                source = os.path.join(source, TOKENIZER_FILE)
-            if manifest is not None and os.path.isfile(source):
-                # Before the file is parsed: a cut copy may still parse, as a smaller vocabulary.
-                with open(source, "rb") as file:
-                    _check_fingerprint(hashlib.sha256(file.read()).hexdigest(), manifest, source, model_dir)
-            tokenizer = SubwordTokenizer.load(source)
-    if not isinstance(tokenizer, _tokenizer_classes()):
-        raise TypeError(
-            "`tokenizer` must be a SubwordTokenizer, a MarianTokenizer, or the path of one. "
-            f"Received: {type(tokenizer).__name__}"
-        )
-    if manifest is not None:
-        _check_fingerprint(tokenizer.fingerprint, manifest, source, model_dir)
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(
-            f"The tokenizer's vocab_size ({tokenizer.vocab_size}) differs from the model's "
-            f"config.vocab_size ({model.config.vocab_size}): they were not trained together."
-        )
-    return model, tokenizer
+    return model_dir, model, manifest
+
+
+def _load_tokenizer(source, manifest, model_dir):
+    """`(tokenizer, file)`: the tokenizer at `source` (its file, or a directory holding it).
+
+    A sentencepiece file is checked against the manifest's fingerprint before it is parsed.
+    """
+    from keras_transformer.data.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
+
+    kind = _tokenizer_kind_at(source, manifest if source == model_dir else None)
+    if kind == MARIAN_KIND:
+        return _marian_tokenizer_class().load(source), source
+    if os.path.isdir(source):
+        source = os.path.join(source, TOKENIZER_FILE)
+    if manifest is not None and os.path.isfile(source):
+        # Before the file is parsed: a cut copy may still parse, as a smaller vocabulary.
+        with open(source, "rb") as file:
+            _check_fingerprint(hashlib.sha256(file.read()).hexdigest(), manifest, source, model_dir)
+    return SubwordTokenizer.load(source), source
 
 
 def tokenizer_kind(tokenizer):
