@@ -13,6 +13,7 @@ REMOVED_IN = "0.4"
 
 # "key" or "table.key" -> (its 0.3 default, why it went, in a few words).
 REMOVED_KEYS = {
+    "bidirectional_steps": (0, "bidirectional training scored val 39.23 against 39.57 without it"),
     "late_dropout_start": (0.0, "late dropout scored val 35.79 against 36.27 without it"),
     "training.rdrop_alpha": (0.0, "R-Drop lost 5.1 BLEU at twice the step time"),
 }

@@ -252,7 +252,7 @@ def streams_training_split(run_config):
     and subword sampling work on the text (`data.pipeline.make_dataset`).
     """
     sampling = run_config.subword_sampling_source or run_config.subword_sampling_target
-    in_memory = run_config.packing or sampling or getattr(run_config, "bidirectional_steps", 0)
+    in_memory = run_config.packing or sampling
     return run_config.corpus != "demo" and not in_memory
 
 
@@ -294,14 +294,12 @@ class Datasets:
 def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0, print_fn=print):
     """Training and validation batches (token budget, padded to length buckets; training's packed with `packing`).
 
-    With `bidirectional_steps` N, training starts with N batches of the pairs read both
-    ways (`keras_transformer.data.bidirectional`), less those of the `completed_epochs`
-    a resumed run restarts after, and repeats: each Keras epoch is then `steps_per_epoch`
-    batches (default one pass's worth of source->target batches). A streamed training
+    With subword sampling the training batches repeat, and a Keras epoch is
+    `steps_per_epoch` batches (default one unsampled pass's worth). A streamed training
     split (a `TextCorpus`: any file, TSV or TFDS corpus) is binarized once and batched
-    from index arrays instead (`_binarized_datasets`).
+    from index arrays instead (`_binarized_datasets`), a resumed run's from the batch
+    after its `completed_epochs`.
     """
-    from keras_transformer.data.bidirectional import bidirectional_pairs, bidirectional_then_forward
     from keras_transformer.data.pipeline import make_dataset
     from keras_transformer.data.text_corpus import TextCorpus
 
@@ -317,32 +315,17 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0, pri
         validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **dict(batching, packing=False))
     if isinstance(splits["train"], TextCorpus):
         return _binarized_datasets(run_config, config, splits["train"], tokenizer, validation, completed_epochs, print_fn)
-    bidirectional = run_config.bidirectional_steps > 0
     sampling = (run_config.subword_sampling_source, run_config.subword_sampling_target)
     train, train_stats = make_dataset(
         splits["train"],
         tokenizer,
         seed=run_config.seed,
         # Sampled segmentations change the batches an epoch holds: always repeated.
-        repeat=bool(run_config.steps_per_epoch) or bidirectional or any(sampling),
+        repeat=bool(run_config.steps_per_epoch) or any(sampling),
         subword_sampling=sampling,
         **batching,
     )
-    steps_per_epoch = run_config.steps_per_epoch or None
-    if bidirectional or any(sampling):
-        steps_per_epoch = steps_per_epoch or train_stats.num_batches
-    if bidirectional:
-        both, _ = make_dataset(
-            bidirectional_pairs(splits["train"]),
-            tokenizer,
-            seed=run_config.seed + 2,  # make_dataset shuffles with seed and seed + 1
-            repeat=True,
-            # The alphas are the encoder's and the decoder's, whichever language each reads.
-            subword_sampling=sampling,
-            **batching,
-        )
-        remaining = max(0, run_config.bidirectional_steps - completed_epochs * steps_per_epoch)
-        train = bidirectional_then_forward(both, train, remaining)
+    steps_per_epoch = run_config.steps_per_epoch or (train_stats.num_batches if any(sampling) else None)
     return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
 
 
@@ -574,12 +557,6 @@ def _print_summary(print_fn, run_config, config, model, replicas, train_stats, t
         f"batches: <= {run_config.tokens_per_batch} padded tokens a side, ~{tokens_per_step:.0f} "
         f"real target tokens per batch; {steps_per_epoch} steps per epoch; {train_stats}"
     )
-    if run_config.bidirectional_steps:
-        print_fn(
-            f"bidirectional: the first {run_config.bidirectional_steps:,} steps read the pairs both ways "
-            f"({run_config.source_lang}<->{run_config.target_lang}), then "
-            f"{run_config.source_lang}->{run_config.target_lang} only"
-        )
     if training.gradient_accumulation_steps > 1:
         accumulation = training.gradient_accumulation_steps
         print_fn(

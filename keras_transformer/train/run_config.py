@@ -102,10 +102,6 @@ class RunConfig:
     # Several pairs per row of max_length tokens (make_dataset(packing=True)): almost no
     # padding, longer rows; the buckets above are then not used. Training batches only.
     packing: bool = False
-    # Training steps (batches) at the start that read every pair both ways, source->target
-    # and target->source, before source->target alone (keras_transformer.data.bidirectional:
-    # BiT, Ding et al. 2021, spends the first third of the steps so); 0: none.
-    bidirectional_steps: int = 0
     # Subword regularization of the training pairs: each epoch cuts every sentence of a
     # side anew with a segmentation drawn at random (make_dataset(subword_sampling=...);
     # with a BPE tokenizer, BPE-dropout with this probability, Provilkov et al. 2020:
@@ -193,7 +189,7 @@ class RunConfig:
             checks.check_positive_int(name, getattr(self, name))
         for name in ("steps_per_epoch", "keep_checkpoints", "checkpoint_every_steps", "bleu_every_epochs",
                      "sample_translations", "max_train_pairs", "bucket_width",
-                     "tokenizer_max_sentences", "demo_num_train", "bidirectional_steps", "eval_memory_pairs"):
+                     "tokenizer_max_sentences", "demo_num_train", "eval_memory_pairs"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
         for name in ("subword_sampling_source", "subword_sampling_target"):
