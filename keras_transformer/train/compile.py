@@ -95,14 +95,8 @@ def make_schedule(d_model, training_config=None, *, estimate_total_steps=False):
     )
 
 
-# Variables whose path matches one of these take Muon's AdamW step, besides the embeddings
-# (Muon's `exclude_embeddings`) and every variable that is not 2-D: the untied pre-softmax
-# projection is an output layer, which Muon's authors leave to Adam.
-MUON_ADAMW_LAYERS = ("output_projection",)
-
-
 def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False):
-    """Adam with the paper's betas and epsilon on the warmup schedule (section 5.3), or Muon.
+    """Adam with the paper's betas and epsilon on the warmup schedule (section 5.3).
 
     `beta_1`, `beta_2` and `epsilon` are the training config's `adam_beta_1`,
     `adam_beta_2` and `adam_epsilon` (0.9, 0.98, 1e-9 by default, as in the paper); the
@@ -111,12 +105,6 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
     decay on every weight: `w -= learning_rate * weight_decay * w` before each update);
     both are departures from the paper, off by default. On TensorFlow the Adam is
     `FusedAdam`: Keras' Adam, its update one fused kernel per weight.
-    `training_config.optimizer = "muon"` gives `keras.optimizers.Muon` on the same
-    schedule, clipping and weight decay: each 2-D kernel of attention and the
-    feed-forward networks steps along the orthogonalized Nesterov momentum (momentum
-    0.95, 5 Newton-Schulz iterations), scaled by `0.2 * sqrt(max(rows, columns))` to
-    Adam's update size (Liu et al., 2025); embeddings, the untied `output_projection`,
-    biases and layer norms take AdamW's step with the `adam_*` values.
     `gradient_accumulation_steps` N > 1 makes Keras' optimizer apply the mean gradient
     of N batches as one update, and the schedule is wrapped in a `PerUpdateSchedule` so
     that it advances per update, not per batch (`keras_transformer.train.accumulation`).
@@ -130,14 +118,11 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
             decay is estimated during `fit` by a `StepBudgetEstimator`. Default False.
 
     Returns:
-        `keras.optimizers.Adam` (`FusedAdam`, a subclass, on TensorFlow), or
-        `keras.optimizers.Muon` for `optimizer="muon"`.
+        `keras.optimizers.Adam` (`FusedAdam`, a subclass, on TensorFlow).
 
     Example:
     >>> make_optimizer(64).beta_2
     0.98
-    >>> type(make_optimizer(64, kt.TrainingConfig(optimizer="muon"))).__name__
-    'Muon'
     """
     training_config = _checked_training_config(training_config)
     schedule = make_schedule(d_model, training_config, estimate_total_steps=estimate_total_steps)
@@ -146,24 +131,6 @@ def make_optimizer(d_model, training_config=None, *, estimate_total_steps=False)
         schedule = PerUpdateSchedule(schedule, accumulation)
     # None, not 0.0: an optimizer without decay has the config it always had.
     weight_decay = training_config.weight_decay or None
-    if training_config.optimizer == "muon":
-        muon = keras.optimizers.Muon(
-            learning_rate=schedule,
-            adam_beta_1=training_config.adam_beta_1,
-            adam_beta_2=training_config.adam_beta_2,
-            epsilon=training_config.adam_epsilon,
-            # The schedule's rate for the AdamW-stepped weights too (Keras' default today;
-            # said here so that it cannot change under the recipe): Muon's 0.2 * sqrt(max(n, m))
-            # scaling already matches its update's size to AdamW's.
-            adam_lr_ratio=1.0,
-            clipnorm=training_config.clipnorm,
-            # Muon's two decays: on its own kernels and on the AdamW-stepped rest.
-            weight_decay=weight_decay,
-            adam_weight_decay=weight_decay,
-            exclude_layers=list(MUON_ADAMW_LAYERS),
-            gradient_accumulation_steps=accumulation,
-        )
-        return _without_gain_decay(muon)
     # PyTorch's Keras Adam already updates all weights at once (torch._foreach ops), which
     # a subclass would not inherit; JAX compiles the update into the step either way.
     adam = FusedAdam if keras.backend.backend() == "tensorflow" else keras.optimizers.Adam

@@ -16,13 +16,11 @@ from keras_transformer.train.schedules import WARMUP_STEPS
 
 # "rsqrt" is the paper's eq. 3; the others are BudgetSchedule's tails.
 SCHEDULE_DECAYS = ("rsqrt",) + DECAYS
-# "adam" is the paper's (5.3); "muon" is Keras' Muon (see `optimizer` below).
-OPTIMIZERS = ("adam", "muon")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-    """How a Transformer is optimized: Adam (or Muon), the warmup schedule, label smoothing.
+    """How a Transformer is optimized: Adam, the warmup schedule, label smoothing.
 
     Frozen and validated like `TransformerConfig`: variants with `replace(**changes)`;
     a bad value raises `ValueError` naming the field and the value. Batching (tokens per
@@ -44,13 +42,6 @@ class TrainingConfig:
     # it from: make_schedule refuses None unless told the steps will be estimated
     # (estimate_total_steps=True, which run_training passes with max_train_seconds).
     total_steps: typing.Optional[int] = None
-    # "adam": the paper's (5.3). "muon": Muon (Jordan et al., 2024; Keras' own
-    # `keras.optimizers.Muon`), which replaces each 2-D kernel's momentum by roughly its
-    # nearest orthogonal matrix (5 Newton-Schulz iterations) and scales that to Adam's update size
-    # (Liu et al., 2025), so the schedule, learning rate and weight decay stay Adam's.
-    # Embeddings, the untied output projection, biases and norms take AdamW's step with
-    # the adam_* values below. The architecture and its weights do not depend on it.
-    optimizer: str = "adam"
     adam_beta_1: float = 0.9  # (5.3)
     adam_beta_2: float = 0.98  # (5.3)
     adam_epsilon: float = 1e-9  # (5.3)
@@ -69,7 +60,6 @@ class TrainingConfig:
         checks.check_positive_int("warmup_steps", self.warmup_steps)
         checks.check_positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
         checks.check_choice("decay", self.decay, SCHEDULE_DECAYS)
-        checks.check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.total_steps is not None:
             checks.check_positive_int("total_steps", self.total_steps)
         # total_steps=None with a budgeted decay is refused by make_schedule (unless the
@@ -104,4 +94,4 @@ class TrainingConfig:
         return cls(**values)
 
 
-__all__ = ["TrainingConfig", "OPTIMIZERS"]
+__all__ = ["TrainingConfig"]

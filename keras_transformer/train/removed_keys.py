@@ -15,6 +15,7 @@ REMOVED_IN = "0.4"
 REMOVED_KEYS = {
     "bidirectional_steps": (0, "bidirectional training scored val 39.23 against 39.57 without it"),
     "late_dropout_start": (0.0, "late dropout scored val 35.79 against 36.27 without it"),
+    "training.optimizer": ("adam", "Muon tied Adam, then lost 0.60 BLEU: Adam is the optimizer"),
     "training.rdrop_alpha": (0.0, "R-Drop lost 5.1 BLEU at twice the step time"),
 }
 
