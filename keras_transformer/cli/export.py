@@ -31,6 +31,28 @@ QUANTIZATIONS = (None, "int8", "int8_float32", "float16")
 
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.check and args.ids_only:
+        parser.error("--check translates text, which an --ids-only export does not take")
+    if args.format == "ctranslate2":
+        return _export_ctranslate2(parser, args)
+    if args.output_dir or args.quantization:
+        parser.error("--output-dir and --quantization are options of --format ctranslate2")
+
+    import keras
+
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        # Keras fixes its backend when it is imported, so trace in a fresh TensorFlow process.
+        print(f"KERAS_BACKEND={backend}: exporting in a TensorFlow process.", file=sys.stderr)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = [sys.executable, "-m", "keras_transformer.cli.export", *argv]
+        return subprocess.call(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    return _export_saved_model(parser, args)
+
+
+def _parser():
     parser = argparse.ArgumentParser(
         prog="kt-export",
         description="Export a model directory as a SavedModel for TensorFlow Serving: "
@@ -63,24 +85,11 @@ def main(argv=None):
         help="ctranslate2: the stored weight type (default: float32)",
     )
     common.add_decoding_arguments(parser, batch_size=False)
-    args = parser.parse_args(argv)
-    if args.check and args.ids_only:
-        parser.error("--check translates text, which an --ids-only export does not take")
-    if args.format == "ctranslate2":
-        return _export_ctranslate2(parser, args)
-    if args.output_dir or args.quantization:
-        parser.error("--output-dir and --quantization are options of --format ctranslate2")
+    return parser
 
-    import keras
 
-    backend = keras.backend.backend()
-    if backend != "tensorflow":
-        # Keras fixes its backend when it is imported, so trace in a fresh TensorFlow process.
-        print(f"KERAS_BACKEND={backend}: exporting in a TensorFlow process.", file=sys.stderr)
-        argv = sys.argv[1:] if argv is None else list(argv)
-        command = [sys.executable, "-m", "keras_transformer.cli.export", *argv]
-        return subprocess.call(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
-
+def _export_saved_model(parser, args):
+    """`--format savedmodel` (TensorFlow backend): export_saved_model, then translate `--check` with it."""
     from keras_transformer.inference.export import export_saved_model, translate_with_saved_model
 
     try:

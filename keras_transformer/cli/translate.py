@@ -36,6 +36,17 @@ _SHOWN_LINE_NUMBERS = 10
 
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.text and args.input:
+        parser.error("give sentences as arguments or with --input, not both")
+    sentences, target_prefixes, progress = _read_inputs(parser, args)
+    lines = _translated_lines(parser, args, sentences, target_prefixes, progress)
+    _write_output(parser, args.output, "".join(line + "\n" for line in lines))
+    return 0
+
+
+def _parser():
     parser = argparse.ArgumentParser(
         prog="kt-translate",
         description="Translate sentences given as arguments, in a file, or on standard "
@@ -65,10 +76,11 @@ def main(argv=None):
     )
     prefixes.add_argument("--prefixes", metavar="FILE", help="file of target prefixes, one per input line")
     common.add_decoding_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.text and args.input:
-        parser.error("give sentences as arguments or with --input, not both")
+    return parser
 
+
+def _read_inputs(parser, args):
+    """`(sentences, prefixes or None, progress)`: from the arguments, the files or stdin."""
     if args.text:
         sentences, progress = list(args.text), False
     else:
@@ -87,7 +99,11 @@ def main(argv=None):
             target_prefixes, _ = split_lines(_read_bytes(args.prefixes))
         except OSError as error:
             common.fail(parser, error)
+    return sentences, target_prefixes, progress
 
+
+def _translated_lines(parser, args, sentences, target_prefixes, progress):
+    """The output lines: one translation (with its score) per sentence, or the n-best lines."""
     from keras_transformer.inference.translator import Translator
 
     source, ensemble = common.translator_source(parser, args)
@@ -107,24 +123,25 @@ def main(argv=None):
     except (TypeError, ValueError) as error:
         common.fail(parser, f"nothing was translated: {error}")
     if args.n_best is not None:
-        lines = n_best_lines(hypotheses)
-    else:
-        lines = [
-            f"{score:.4f}\t{one_line(text)}" if args.scores else one_line(text)
-            for text, score in zip(translations, scores)
-        ]
-    text = "".join(line + "\n" for line in lines)
+        return n_best_lines(hypotheses)
+    return [
+        f"{score:.4f}\t{one_line(text)}" if args.scores else one_line(text)
+        for text, score in zip(translations, scores)
+    ]
+
+
+def _write_output(parser, output, text):
+    """Writes `text` to the file `output` (atomically), or to stdout when None."""
     try:
-        if args.output:
+        if output:
             from keras_transformer.atomic import write_text_atomically
 
-            write_text_atomically(args.output, text)  # whole, or the old file kept
+            write_text_atomically(output, text)  # whole, or the old file kept
         else:
             sys.stdout.write(text)
             sys.stdout.flush()
     except OSError as error:
         common.fail(parser, f"could not write the translations: {error}")
-    return 0
 
 
 def split_lines(data):

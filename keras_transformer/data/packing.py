@@ -68,11 +68,29 @@ def pack_examples(examples, length, open_rows=DEFAULT_OPEN_ROWS):
     """
     if not isinstance(open_rows, int) or isinstance(open_rows, bool) or open_rows < 1:
         raise ValueError(f"`open_rows` must be an integer >= 1. Received: open_rows={open_rows!r}")
-    rows = open_rows
+
+    @graph_function
+    def as_model_inputs(valid, row):
+        del valid
+        return {key: row[key] for key in PACKED_FEATURES}, row["labels"]
+
+    return (
+        _marked_stream(examples, open_rows)
+        .scan(_empty_rows(open_rows, length), _packing_step(length))
+        .filter(graph_function(lambda valid, row: valid))
+        .map(as_model_inputs)
+    )
+
+
+def _marked_stream(examples, rows):
+    """`(source, target, labels, flush)` per pair (flush -1), then one flush marker per row.
+
+    The scan cannot see the end of its input, so one marker per open row follows the
+    pairs and makes the scan emit that row: its `flush` is the row's index.
+    """
 
     @graph_function
     def as_parts(inputs, labels):
-        # -1: a real pair; a flush marker (below) carries the index of the row to emit.
         return inputs["encoder_inputs"], inputs["decoder_inputs"], labels, tf.constant(-1, tf.int32)
 
     @graph_function
@@ -80,15 +98,27 @@ def pack_examples(examples, length, open_rows=DEFAULT_OPEN_ROWS):
         empty = tf.zeros([0], tf.int32)
         return empty, empty, empty, tf.cast(index, tf.int32)
 
-    # The scan cannot see the end of its input, so one marker per open row follows the
-    # pairs and makes the scan emit that row.
-    stream = examples.map(as_parts).concatenate(tf.data.Dataset.range(rows).map(flush_marker))
-    initial = {key: tf.zeros([rows, length], tf.int32) for key in _ROW_KEYS}
-    initial.update(
+    return examples.map(as_parts).concatenate(tf.data.Dataset.range(rows).map(flush_marker))
+
+
+def _empty_rows(rows, length):
+    """The scan's first state: `rows` open rows of `length` zeros, nothing used."""
+    state = {key: tf.zeros([rows, length], tf.int32) for key in _ROW_KEYS}
+    state.update(
         source_used=tf.zeros([rows], tf.int32),
         target_used=tf.zeros([rows], tf.int32),
         pairs=tf.zeros([rows], tf.int32),
     )
+    return state
+
+
+def _packing_step(length):
+    """The scan step: place a pair in the first open row with room, or emit a row.
+
+    Returns `step(state, element) -> (state, (emitted_valid, emitted_row))`; a row is
+    emitted when no open row has room for the pair (the fullest) or at a flush marker
+    (the row it names), and the emitted row is valid when it holds a pair.
+    """
 
     @graph_function
     def step(state, element):
@@ -110,16 +140,7 @@ def pack_examples(examples, length, open_rows=DEFAULT_OPEN_ROWS):
         state = _placed(state, row, source, target, labels, length)
         return state, (emitted_valid, emitted)
 
-    @graph_function
-    def as_model_inputs(valid, row):
-        del valid
-        return {key: row[key] for key in PACKED_FEATURES}, row["labels"]
-
-    return (
-        stream.scan(initial, step)
-        .filter(graph_function(lambda valid, row: valid))
-        .map(as_model_inputs)
-    )
+    return step
 
 
 def _cleared(state, row):

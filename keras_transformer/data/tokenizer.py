@@ -443,6 +443,16 @@ def train_tokenizer(
         minloglevel=2,
     )
     options.update(sentencepiece_options)
+    return SubwordTokenizer(_trained_model_proto(sentences, options), source="the trained model")
+
+
+def _trained_model_proto(sentences, options):
+    """The bytes of a sentencepiece model trained on `sentences`, its errors made plain.
+
+    Raises:
+        the feed's own error for a sentence it refused (`_SentenceFeed`), or ValueError
+        when sentencepiece refused, naming `vocab_size` when it was too large.
+    """
     model = io.BytesIO()
     feed = _SentenceFeed(sentences)
     try:
@@ -456,12 +466,12 @@ def train_tokenizer(
         limit = re.search(r"value <= (\d+)", str(error))
         if limit:
             raise ValueError(
-                f"`vocab_size`={vocab_size} is more pieces than sentencepiece can "
+                f"`vocab_size`={options['vocab_size']} is more pieces than sentencepiece can "
                 f"make from this text (at most {limit.group(1)}). Use a smaller "
                 "vocab_size or more text."
             ) from error
         raise ValueError(f"sentencepiece training failed: {error}") from error
-    return SubwordTokenizer(model.getvalue(), source="the trained model")
+    return model.getvalue()
 
 
 class _SentenceFeed:

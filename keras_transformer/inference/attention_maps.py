@@ -144,27 +144,9 @@ def plot_attention_maps(maps, png_path, *, dpi=100, cmap="viridis"):
     # 'attention.png'
     ```
     """
-    tokens = {"source": list(maps.source_tokens), "target": list(maps.target_tokens)}
-    axes_tokens = {
-        "encoder_self_attention": ("source", "source"),
-        "decoder_self_attention": ("target", "target"),
-        "cross_attention": ("target", "source"),
-    }
-    rows = []
-    for attribute, title in _ATTENTION_KINDS:
-        queries, keys = (tokens[side] for side in axes_tokens[attribute])
-        for layer, scores in enumerate(getattr(maps, attribute)):
-            scores = np.asarray(scores, dtype="float32")
-            if scores.ndim != 3 or scores.shape[1:] != (len(queries), len(keys)):
-                raise ValueError(
-                    f"{attribute}[{layer}] must have shape [heads, {len(queries)}, {len(keys)}] "
-                    f"(query and key tokens). Received: shape={scores.shape}"
-                )
-            rows.append((f"{title}, layer {layer + 1}", scores, queries, keys))
-    if not rows:
-        raise ValueError("`maps` holds no attention map to draw.")
+    rows = _figure_rows(maps)
     heads = max(scores.shape[0] for _, scores, _, _ in rows)
-    longest = max(len(tokens["source"]), len(tokens["target"]))
+    longest = max(len(maps.source_tokens), len(maps.target_tokens))
     panel = max(_MIN_PANEL_INCHES, _INCHES_PER_TOKEN * longest + 1.0)
     figure = Figure(figsize=(panel * heads + 1.0, panel * len(rows)), layout="constrained")
     FigureCanvasAgg(figure)
@@ -185,6 +167,34 @@ def plot_attention_maps(maps, png_path, *, dpi=100, cmap="viridis"):
     os.makedirs(os.path.dirname(png_path) or ".", exist_ok=True)
     figure.savefig(png_path, dpi=dpi)
     return png_path
+
+
+def _figure_rows(maps):
+    """`(title, scores [N, Q, K], query tokens, key tokens)` per layer of each kind, checked.
+
+    Raises:
+        ValueError: a map's shape does not match the token lists, or there is no map.
+    """
+    tokens = {"source": list(maps.source_tokens), "target": list(maps.target_tokens)}
+    axes_tokens = {
+        "encoder_self_attention": ("source", "source"),
+        "decoder_self_attention": ("target", "target"),
+        "cross_attention": ("target", "source"),
+    }
+    rows = []
+    for attribute, title in _ATTENTION_KINDS:
+        queries, keys = (tokens[side] for side in axes_tokens[attribute])
+        for layer, scores in enumerate(getattr(maps, attribute)):
+            scores = np.asarray(scores, dtype="float32")
+            if scores.ndim != 3 or scores.shape[1:] != (len(queries), len(keys)):
+                raise ValueError(
+                    f"{attribute}[{layer}] must have shape [heads, {len(queries)}, {len(keys)}] "
+                    f"(query and key tokens). Received: shape={scores.shape}"
+                )
+            rows.append((f"{title}, layer {layer + 1}", scores, queries, keys))
+    if not rows:
+        raise ValueError("`maps` holds no attention map to draw.")
+    return rows
 
 
 __all__ = ["AttentionMaps", "attention_maps", "plot_attention_maps"]

@@ -49,6 +49,28 @@ DEFAULT_BATCH_SIZE = 32
 COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int16", "float16", "int8_float16")
 
 
+def _check_settings(
+    beam_size, length_penalty, max_extra, early_stopping, batch_size, compute_type, inter_threads, intra_threads
+):
+    """Raises ValueError naming the first of `CTranslate2Translator`'s settings out of range."""
+    checks.check_positive_int("beam_size", beam_size)
+    checks.check_non_negative_number("length_penalty", length_penalty)
+    checks.check_non_negative_int("max_extra", max_extra)
+    checks.check_bool("early_stopping", early_stopping)
+    if not early_stopping:
+        raise ValueError(
+            "CTranslate2 stops a sentence's beam search early (once `beam_size` hypotheses "
+            "have finished after its most probable extension ended) and has no rule that "
+            "searches on until no alive hypothesis can win: use keras_transformer.Translator "
+            "for early_stopping=False. "
+            f"Received: early_stopping={early_stopping!r}"
+        )
+    checks.check_positive_int("batch_size", batch_size)
+    checks.check_choice("compute_type", compute_type, COMPUTE_TYPES)
+    checks.check_positive_int("inter_threads", inter_threads)
+    checks.check_non_negative_int("intra_threads", intra_threads)
+
+
 class CTranslate2Translator:
     """Translates lists of sentences with CTranslate2, as `Translator` does with Keras.
 
@@ -111,33 +133,12 @@ class CTranslate2Translator:
         inter_threads=1,
         intra_threads=0,
     ):
-        checks.check_positive_int("beam_size", beam_size)
-        checks.check_non_negative_number("length_penalty", length_penalty)
-        checks.check_non_negative_int("max_extra", max_extra)
-        checks.check_bool("early_stopping", early_stopping)
-        if not early_stopping:
-            raise ValueError(
-                "CTranslate2 stops a sentence's beam search early (once `beam_size` hypotheses "
-                "have finished after its most probable extension ended) and has no rule that "
-                "searches on until no alive hypothesis can win: use keras_transformer.Translator "
-                "for early_stopping=False. "
-                f"Received: early_stopping={early_stopping!r}"
-            )
-        checks.check_positive_int("batch_size", batch_size)
-        checks.check_choice("compute_type", compute_type, COMPUTE_TYPES)
-        checks.check_positive_int("inter_threads", inter_threads)
-        checks.check_non_negative_int("intra_threads", intra_threads)
+        _check_settings(
+            beam_size, length_penalty, max_extra, early_stopping, batch_size, compute_type, inter_threads, intra_threads
+        )
         ctranslate2 = import_ctranslate2()
         self._temporary = None
-        model_dir = os.fspath(model_dir)
-        if not os.path.isfile(os.path.join(model_dir, "model.bin")):
-            if not os.path.isfile(os.path.join(model_dir, model_directory.MODEL_FILE)):
-                raise FileNotFoundError(
-                    f"{model_dir!r} is neither a CTranslate2 model directory (model.bin, from "
-                    f"kt.export_ctranslate2) nor a model directory ({model_directory.MODEL_FILE})."
-                )
-            self._temporary = tempfile.mkdtemp(prefix="kt-ctranslate2-")
-            model_dir = export_ctranslate2(model_dir, os.path.join(self._temporary, "model"))
+        model_dir = self._converted(os.fspath(model_dir))
         self.model_dir = model_dir
         self.settings = _read_settings(model_dir)
         from keras_transformer.data.tokenizer import SubwordTokenizer  # TensorFlow: load lazily
@@ -164,6 +165,18 @@ class CTranslate2Translator:
         self._pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self._piece_ids = {piece: index for index, piece in enumerate(self._pieces)}
         self._lock = threading.Lock()
+
+    def _converted(self, model_dir):
+        """`model_dir` if it is a CTranslate2 model, else its conversion in a temporary directory."""
+        if os.path.isfile(os.path.join(model_dir, "model.bin")):
+            return model_dir
+        if not os.path.isfile(os.path.join(model_dir, model_directory.MODEL_FILE)):
+            raise FileNotFoundError(
+                f"{model_dir!r} is neither a CTranslate2 model directory (model.bin, from "
+                f"kt.export_ctranslate2) nor a model directory ({model_directory.MODEL_FILE})."
+            )
+        self._temporary = tempfile.mkdtemp(prefix="kt-ctranslate2-")
+        return export_ctranslate2(model_dir, os.path.join(self._temporary, "model"))
 
     # ------------------------------------------------------------------ public
     def translate(self, sentences, *, return_scores=False, progress=False):

@@ -200,21 +200,7 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=N
     checks.check_positive_int("last", last)
     checks.check_bool("overwrite", overwrite)
     model_dir = os.fspath(model_dir)
-    if output_dir is None:
-        output_dir = os.path.normpath(model_dir) + "_averaged"
-    output_dir = os.fspath(output_dir)
-    if os.path.abspath(output_dir) == os.path.abspath(model_dir):
-        raise ValueError(
-            "`output_dir` must differ from `model_dir`: the averaged model is written beside "
-            f"the trained one, not over it. Received: output_dir={output_dir!r}"
-        )
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise FileExistsError(
-            f"{output_dir} already exists and is not empty; pass overwrite=True "
-            "(--overwrite) to replace it, or choose another output directory."
-        )
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise FileExistsError(f"{output_dir} exists and is not a directory.")
+    output_dir = _averaged_output_dir(model_dir, output_dir, overwrite)
     # The model and its tokenizer, checked whole and against each other (the manifest's
     # fingerprint, or the vocabulary size for directories without one).
     model, tokenizer = model_directory.load_model_and_tokenizer(model_dir)
@@ -236,6 +222,26 @@ def average_model_directory(model_dir, last=CHECKPOINTS_TO_AVERAGE, output_dir=N
     # An empty directory (made by the user beforehand) is replaced without `overwrite`.
     write_directory_atomically(output_dir, write, overwrite=overwrite or os.path.isdir(output_dir))
     return output_dir, paths
+
+
+def _averaged_output_dir(model_dir, output_dir, overwrite):
+    """`output_dir` (default `<model_dir>_averaged`), refused if it is `model_dir` or in the way."""
+    if output_dir is None:
+        output_dir = os.path.normpath(model_dir) + "_averaged"
+    output_dir = os.fspath(output_dir)
+    if os.path.abspath(output_dir) == os.path.abspath(model_dir):
+        raise ValueError(
+            "`output_dir` must differ from `model_dir`: the averaged model is written beside "
+            f"the trained one, not over it. Received: output_dir={output_dir!r}"
+        )
+    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir} already exists and is not empty; pass overwrite=True "
+            "(--overwrite) to replace it, or choose another output directory."
+        )
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise FileExistsError(f"{output_dir} exists and is not a directory.")
+    return output_dir
 
 
 def weights_are_finite(model):
