@@ -21,6 +21,7 @@ from tiny_translation import BATCH_SIZE, MAX_EXTRA, make_tiny_model_dir, pick_se
 import keras_transformer as kt
 from keras_transformer.inference import decoding, sampling
 from keras_transformer.inference.compiled import CompiledDecoder
+from keras_transformer.inference.ensemble import Ensemble, load_ensemble
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 EXTRA = 2  # max_extra: short decodes
@@ -88,7 +89,7 @@ def test_the_two_rules_combine_as_computed_by_hand():
     log = np.log
     first = keras.ops.convert_to_tensor(log([[0.5, 0.3, 0.2]]), "float32")
     second = keras.ops.convert_to_tensor(log([[0.1, 0.1, 0.8]]), "float32")
-    ensemble = kt.Ensemble.__new__(kt.Ensemble)
+    ensemble = Ensemble.__new__(Ensemble)
     ensemble.weights, ensemble.combine = (0.25, 0.75), "probs"
     # 0.25 * p1 + 0.75 * p2, token by token.
     expected = log([[0.25 * 0.5 + 0.75 * 0.1, 0.25 * 0.3 + 0.75 * 0.1, 0.25 * 0.2 + 0.75 * 0.8]])
@@ -102,7 +103,7 @@ def test_the_two_rules_combine_as_computed_by_hand():
 def test_weights_are_normalised_and_the_config_is_the_shortest_members(members):
     first, second = members
     longer = kt.build_transformer(tiny_config(max_length=48))
-    ensemble = kt.Ensemble([longer, first, second], weights=[1, 2, 1])
+    ensemble = Ensemble([longer, first, second], weights=[1, 2, 1])
     assert ensemble.weights == (0.25, 0.5, 0.25) and len(ensemble) == 3
     assert ensemble.config.max_length == 32 and ensemble.config.vocab_size == 32
     assert ensemble.variables == [*longer.variables, *first.variables, *second.variables]
@@ -113,7 +114,7 @@ def test_weights_are_normalised_and_the_config_is_the_shortest_members(members):
 @pytest.mark.parametrize("rule", ["probs", "log_probs"])
 def test_cached_ensemble_greedy_equals_full_recomputation(members, rule):
     weights = (0.3, 0.7)
-    ensemble = kt.Ensemble(members, weights=weights, combine=rule)
+    ensemble = Ensemble(members, weights=weights, combine=rule)
     tokens, scores = decoding.greedy_decode(ensemble, SOURCES, max_extra=EXTRA)
     expected_tokens, expected_scores = reference_greedy(members, weights, rule, SOURCES, LIMITS, max(LIMITS))
     np.testing.assert_array_equal(to_numpy(tokens), expected_tokens)
@@ -127,7 +128,7 @@ def test_cached_ensemble_greedy_equals_full_recomputation(members, rule):
 
 
 def test_ensemble_beam_hypotheses_are_scored_as_the_combination_scores_them(members):
-    ensemble = kt.Ensemble(members)
+    ensemble = Ensemble(members)
     tokens, scores = decoding.beam_decode(
         ensemble, SOURCES, beam_size=3, alpha=0.6, max_extra=EXTRA, return_all_beams=True
     )
@@ -148,17 +149,17 @@ def test_an_ensemble_of_one_model_or_of_copies_decodes_as_the_model(members):
     greedy = [to_numpy(x) for x in decoding.greedy_decode(model, SOURCES, max_extra=EXTRA)]
     beam = [to_numpy(x) for x in decoding.beam_decode(model, SOURCES, beam_size=3, max_extra=EXTRA)]
     # Identical members: the mean of equal probabilities, or of equal log-probabilities, is theirs.
-    for ensemble in (kt.Ensemble([model]), kt.Ensemble([model, model], combine="log_probs")):
+    for ensemble in (Ensemble([model]), Ensemble([model, model], combine="log_probs")):
         tokens, scores = decoding.greedy_decode(ensemble, SOURCES, max_extra=EXTRA)
         np.testing.assert_array_equal(to_numpy(tokens), greedy[0])
         np.testing.assert_allclose(to_numpy(scores), greedy[1], atol=1e-5)
-    tokens, scores = decoding.beam_decode(kt.Ensemble([model, model]), SOURCES, beam_size=3, max_extra=EXTRA)
+    tokens, scores = decoding.beam_decode(Ensemble([model, model]), SOURCES, beam_size=3, max_extra=EXTRA)
     np.testing.assert_array_equal(to_numpy(tokens), beam[0])
     np.testing.assert_allclose(to_numpy(scores), beam[1], atol=1e-5)
 
 
 def test_sampling_and_prefixes_run_over_the_ensemble(members):
-    ensemble = kt.Ensemble(members)
+    ensemble = Ensemble(members)
     prefix = np.array([[9], [0]], "int32")  # sentence 0 starts with 9, sentence 1 is free
     tokens, _ = decoding.greedy_decode(ensemble, SOURCES, max_extra=EXTRA, prefix_ids=prefix)
     tokens = to_numpy(tokens)
@@ -170,7 +171,7 @@ def test_sampling_and_prefixes_run_over_the_ensemble(members):
 
 
 def test_a_compiled_ensemble_decodes_as_the_eager_one_and_sees_new_weights(members):
-    ensemble = kt.Ensemble(members)
+    ensemble = Ensemble(members)
     decoder = CompiledDecoder(ensemble, "beam", jit_compile=False, beam_size=2, max_extra=EXTRA)
     eager = decoding.beam_decode(ensemble, SOURCES, beam_size=2, max_extra=EXTRA)
     tokens, scores = decoder(SOURCES)
@@ -192,27 +193,27 @@ def test_a_compiled_ensemble_decodes_as_the_eager_one_and_sees_new_weights(membe
 def test_members_and_weights_are_checked_with_clear_messages(members):
     first, _ = members
     with pytest.raises(ValueError, match=r"share one vocabulary.*vocab_size \[32, 40\]"):
-        kt.Ensemble([first, kt.build_transformer(tiny_config(vocab_size=40))])
+        Ensemble([first, kt.build_transformer(tiny_config(vocab_size=40))])
     with pytest.raises(ValueError, match=r"at least one Transformer. Received: \[\]"):
-        kt.Ensemble([])
+        Ensemble([])
     with pytest.raises(TypeError, match=r"models\[1\] of type str"):
-        kt.Ensemble([first, "saved_models/demo"])
+        Ensemble([first, "saved_models/demo"])
     with pytest.raises(TypeError, match="load_ensemble loads model directories"):
-        kt.Ensemble("saved_models/demo")
+        Ensemble("saved_models/demo")
     with pytest.raises(ValueError, match=r"one positive number per model \(2\)"):
-        kt.Ensemble([first, first], weights=[1.0])
+        Ensemble([first, first], weights=[1.0])
     with pytest.raises(ValueError, match=r"weights\[1\]=0"):
-        kt.Ensemble([first, first], weights=[1.0, 0])
+        Ensemble([first, first], weights=[1.0, 0])
     with pytest.raises(ValueError, match=r"weights\[0\]=nan"):
-        kt.Ensemble([first, first], weights=[math.nan, 1.0])
+        Ensemble([first, first], weights=[math.nan, 1.0])
     with pytest.raises(ValueError, match="combine"):
-        kt.Ensemble([first], combine="max")
+        Ensemble([first], combine="max")
 
 
 # ------------------------------------------------------------------- directories
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two model directories of one tokenizer; the first holds two checkpoints."""
+    """Two model directories of one tokenizer."""
     root = tmp_path_factory.mktemp("ensemble_runs")
     (root / "a").mkdir()
     (root / "b").mkdir()
@@ -221,10 +222,6 @@ def runs(tmp_path_factory):
     second_model = kt.Transformer(first_model.config)
     second_model.save(str(root / "b" / "model.keras"))
     tokenizer.save(str(root / "b"))
-    (root / "a" / "checkpoints").mkdir()
-    # Checkpoints named as a run names them, older first: the second model's weights, then the first's.
-    second_model.save_weights(str(root / "a" / "checkpoints" / "step_0000150.weights.h5"))
-    first_model.save_weights(str(root / "a" / "checkpoints" / "step_0000300.weights.h5"))
     return root, first_model, second_model, tokenizer
 
 
@@ -234,29 +231,19 @@ def _translate(source, tokenizer, sentences, **kwargs):
     return kt.Translator(source, tokenizer, **settings, **kwargs).translate(sentences, return_scores=True)
 
 
-def test_directories_and_checkpoints_translate_as_the_ensemble_of_their_models(runs):
+def test_directories_translate_as_the_ensemble_of_their_models(runs):
     root, first, second, tokenizer = runs
     sentences = pick_sentences(tokenizer, count=4)
-    expected = _translate(kt.Ensemble([first, second]), tokenizer, sentences)
+    expected = _translate(Ensemble([first, second]), tokenizer, sentences)
     alone = _translate(first, tokenizer, sentences)
     assert not np.allclose(expected[1], alone[1], atol=1e-3)  # the second member counts
     from_dirs = _translate([root / "a", root / "b"], None, sentences)
-    from_checkpoints = _translate(root / "a", None, sentences, ensemble_checkpoints=2)
-    for result in (from_dirs, from_checkpoints):
-        assert result[0] == expected[0]
-        np.testing.assert_allclose(result[1], expected[1], atol=1e-5)
-    # One checkpoint is the newest alone: the first model's weights.
-    newest = _translate(root / "a", None, sentences, ensemble_checkpoints=1)
-    assert newest[0] == alone[0]
-    np.testing.assert_allclose(newest[1], alone[1], atol=1e-5)
+    assert from_dirs[0] == expected[0]
+    np.testing.assert_allclose(from_dirs[1], expected[1], atol=1e-5)
 
 
 def test_directories_are_refused_when_they_cannot_be_ensembled(runs, tmp_path):
     root, first, _, tokenizer = runs
-    with pytest.raises(ValueError, match=r"needs 3, but .*checkpoints holds 2"):
-        kt.load_checkpoint_ensemble(root / "a", 3)
-    with pytest.raises(FileNotFoundError, match="No checkpoint directory"):
-        kt.load_checkpoint_ensemble(root / "b", 1)
     # Another tokenizer (of the same size, trained on other text) gives ids other meanings.
     other = tmp_path / "other"
     other_tokenizer = kt.train_tokenizer(
@@ -273,37 +260,30 @@ def test_directories_are_refused_when_they_cannot_be_ensembled(runs, tmp_path):
     write_manifest(other, other_tokenizer)
     message = f"{re.escape(os.fspath(other))} and {re.escape(os.fspath(root / 'a'))} were trained with different"
     with pytest.raises(ValueError, match=message):
-        kt.load_ensemble([root / "a", other])
+        load_ensemble([root / "a", other])
     with pytest.raises(ValueError, match="An Ensemble needs its tokenizer"):
-        kt.Translator(kt.Ensemble([first]))
-    with pytest.raises(TypeError, match="`ensemble_checkpoints` takes the checkpoints of one model directory"):
-        kt.Translator([root / "a", root / "b"], ensemble_checkpoints=2)
+        kt.Translator(Ensemble([first]))
     with pytest.raises(TypeError, match="an Ensemble decodes with a Translator"):
         from keras_transformer.model.directory import load_model_and_tokenizer
 
-        load_model_and_tokenizer(kt.Ensemble([first]), tokenizer)
+        load_model_and_tokenizer(Ensemble([first]), tokenizer)
 
 
 @once_on("torch", "the commands' arguments and loading are Python, the same on every backend (the ensemble "
          "decodes on every backend above)")
-def test_the_commands_take_several_model_directories_and_checkpoints(runs, tmp_path, capsys):
+def test_the_commands_take_several_model_directories(runs, tmp_path, capsys):
     from keras_transformer.cli import evaluate, translate
 
     root, first, second, tokenizer = runs
     sentences = pick_sentences(tokenizer, count=4)
-    expected = _translate(kt.Ensemble([first, second]), tokenizer, sentences)[0]
+    expected = _translate(Ensemble([first, second]), tokenizer, sentences)[0]
     argv = ["--greedy", "--max-extra", str(MAX_EXTRA), "--batch-size", str(BATCH_SIZE)]
     assert translate.main(["--model-dir", str(root / "a"), "--model-dir", str(root / "b"), *argv, *sentences]) == 0
     assert capsys.readouterr().out.splitlines() == expected
-    assert translate.main(["--model-dir", str(root / "a"), "--ensemble-checkpoints", "2", *argv, *sentences]) == 0
-    assert capsys.readouterr().out.splitlines() == expected
-    with pytest.raises(SystemExit) as exit_info:
-        translate.main(["--model-dir", str(root / "a"), "--model-dir", str(root / "b"), "--ensemble-checkpoints", "2", "x"])
-    assert exit_info.value.code == 2 and "takes one --model-dir" in capsys.readouterr().err
     (tmp_path / "source.txt").write_text("cats see cars\n")
     with pytest.raises(SystemExit) as exit_info:
         evaluate.main(
-            ["--model-dir", str(root / "a"), "--ensemble-checkpoints", "2", "--write-metrics",
+            ["--model-dir", str(root / "a"), "--model-dir", str(root / "b"), "--write-metrics",
              "--source", str(tmp_path / "source.txt"), "--reference", str(tmp_path / "source.txt")]
         )
     assert exit_info.value.code == 2 and "--write-metrics records one model's scores" in capsys.readouterr().err

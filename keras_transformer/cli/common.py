@@ -6,9 +6,9 @@
   `__init__` calls it first where `is_command_process()`.
 - `add_config_arguments` / `read_run_config`: `--config FILE` and `--set KEY=VALUE`
   (kt-train, kt-demo).
-- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable),
-  `--ensemble-checkpoints K` and `--memory FILE`, a model, an ensemble or a model with a
-  translation memory (kt-translate, kt-evaluate).
+- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable) and
+  `--memory FILE`, a model, an ensemble or a model with a translation memory
+  (kt-translate, kt-evaluate).
 - `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
   `--length-penalty`, `--early-stopping`, `--max-extra` (kt-translate, kt-evaluate,
   kt-export), with the paper's defaults defined once in `inference.decoding`;
@@ -186,12 +186,11 @@ def fail(parser, error):
 
 # ------------------------------------------------------------------------- decoding
 def add_model_arguments(parser):
-    """Adds `--model-dir DIR` (repeatable) and `--ensemble-checkpoints K` (kt-translate, kt-evaluate).
+    """Adds `--model-dir DIR`, repeatable (kt-translate, kt-evaluate).
 
     Several directories (`--model-dir A --model-dir B`: repeated, so that sentences
-    given as arguments after it are not read as directories) decode as an ensemble of their models, one directory with
-    `--ensemble-checkpoints K` as an ensemble of its run's last K checkpoints
-    (`keras_transformer.inference.ensemble`).
+    given as arguments after it are not read as directories) decode as an ensemble of
+    their models (`keras_transformer.inference.ensemble`).
     """
     parser.add_argument(
         "--model-dir",
@@ -200,13 +199,6 @@ def add_model_arguments(parser):
         metavar="DIR",
         help="directory with model.keras and tokenizer.model; repeated (directories trained with "
         "one tokenizer), an ensemble: their next-token probabilities averaged",
-    )
-    parser.add_argument(
-        "--ensemble-checkpoints",
-        type=int,
-        metavar="K",
-        help="decode with an ensemble of the run's last K checkpoints (MODEL_DIR/checkpoints) "
-        "instead of its model.keras: K times the decoding time",
     )
     group = parser.add_argument_group("translation memory (kNN-MT, keras_transformer.inference.memory)")
     group.add_argument(
@@ -236,10 +228,8 @@ def add_model_arguments(parser):
 
 def translator_source(parser, args):
     """`(what Translator takes first, its ensemble keyword arguments)` from `add_model_arguments`'."""
-    if args.ensemble_checkpoints is not None and len(args.model_dir) > 1:
-        parser.error("--ensemble-checkpoints takes one --model-dir: the run whose checkpoints are ensembled")
     if args.memory is not None:
-        if len(args.model_dir) > 1 or args.ensemble_checkpoints is not None:
+        if len(args.model_dir) > 1:
             parser.error("--memory takes one --model-dir, the model that built it (no ensemble)")
         from keras_transformer.inference.memory import MemoryModel, TranslationMemory
         from keras_transformer.model.directory import load_model_and_tokenizer
@@ -260,8 +250,7 @@ def translator_source(parser, args):
         return memory_model, {"tokenizer": tokenizer}
     if len(args.model_dir) > 1:
         return list(args.model_dir), {}
-    extra = {} if args.ensemble_checkpoints is None else {"ensemble_checkpoints": args.ensemble_checkpoints}
-    return args.model_dir[0], extra
+    return args.model_dir[0], {}
 
 
 def add_decoding_arguments(parser, *, batch_size=True, sampling=None):

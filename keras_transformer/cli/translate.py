@@ -14,26 +14,26 @@ missing model or input file), 1 when translating or writing failed.
 line, in Moses' n-best format: `INDEX ||| TRANSLATION ||| SCORE`, INDEX counting input
 lines from 0 (`n_best_lines`). `--prefix TEXT` (repeated, one per sentence) or
 `--prefixes FILE` (one per input line) start each translation with a given text.
-`--model-dir` repeated decodes with an ensemble, and `--ensemble-checkpoints K` decodes
-with the run's last K checkpoints as one (`keras_transformer.inference.ensemble`).
+`--model-dir` repeated decodes with an ensemble of the directories' models
+(`keras_transformer.inference.ensemble`).
 
 Example:
     kt-translate --model-dir saved_models/demo "on May 29, 2048"
     kt-translate --model-dir saved_models/demo --greedy < sentences.txt > out.txt
     kt-translate --model-dir saved_models/demo --n-best 4 "on May 29, 2048"
-    kt-translate --model-dir saved_models/demo --ensemble-checkpoints 2 "on May 29, 2048"
 """
 
 import argparse
 import codecs
 import sys
 
-from keras_transformer.cli import common
+from keras_transformer.cli import common, interrupt
 
 # Line numbers named in the warning about invalid UTF-8, at most.
 _SHOWN_LINE_NUMBERS = 10
 
 
+@interrupt.exits_on_interrupt()
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
     parser = _parser()

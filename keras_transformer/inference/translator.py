@@ -13,7 +13,6 @@ shape, so a long stream of sentences costs a handful of compilations, not one pe
 
 import importlib
 import math
-import os
 import random
 import threading
 import typing
@@ -130,10 +129,6 @@ class Translator:
             Defaults to 1 (all).
         seed: int, sampling only. Defaults to None: a seed from Python's `random`
             (so `keras.utils.set_random_seed` fixes it); `translator.seed` holds it.
-        ensemble_checkpoints: optional int >= 1, with a model directory: decode with an
-            ensemble of its run's last `ensemble_checkpoints` checkpoints
-            (`load_checkpoint_ensemble`) instead of its `model.keras`. K times the
-            decoding cost of one model.
 
     Raises:
         ValueError: the tokenizer's vocabulary size differs from the model's, an
@@ -166,7 +161,6 @@ class Translator:
         top_k=None,
         top_p=None,
         seed=None,
-        ensemble_checkpoints=None,
     ):
         beam_size, length_penalty = resolve_search(model_dir_or_model, beam_size, length_penalty)
         checks.check_positive_int("beam_size", beam_size)
@@ -179,7 +173,7 @@ class Translator:
         checks.check_positive_int("batch_size", batch_size)
         checks.check_bool("jit_compile", jit_compile)
         sampling_settings = _sampling_settings(decoding, temperature, top_k, top_p, seed)
-        model, tokenizer = _load_model(model_dir_or_model, tokenizer, ensemble_checkpoints)
+        model, tokenizer = _load_model(model_dir_or_model, tokenizer)
         self.model = model
         self.tokenizer = tokenizer
         self.decoding = decoding
@@ -451,15 +445,8 @@ def pad_prefixes(prefix_ids, rows, max_length):
     return padded
 
 
-def _load_model(source, tokenizer, ensemble_checkpoints):
-    """`(model, tokenizer)`: one model, or an `Ensemble` of a list, of checkpoints, or given."""
-    if ensemble_checkpoints is not None:
-        if not isinstance(source, (str, os.PathLike)):
-            raise TypeError(
-                "`ensemble_checkpoints` takes the checkpoints of one model directory: "
-                f"`model_dir_or_model` must be a directory. Received: {type(source).__name__}"
-            )
-        return ensemble.load_checkpoint_ensemble(source, ensemble_checkpoints, tokenizer)
+def _load_model(source, tokenizer):
+    """`(model, tokenizer)`: one model, or an `Ensemble` of a list, or given."""
     if isinstance(source, (list, tuple)):
         return ensemble.load_ensemble(source, tokenizer)
     if isinstance(source, ensemble.Ensemble):
