@@ -18,9 +18,15 @@ PACKAGE = "keras_transformer"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The layers from the bottom up: a subpackage may not import these (lazily or not).
+# `model.directory` may load a directory's tokenizer (`data`, `marian`); training may
+# translate (validation BLEU, `inference`); nothing below `cli` imports a command.
 FORBIDDEN = {
     "layers": ("model", "data", "train", "inference", "marian", "cli"),
     "model": ("train", "inference", "cli"),
+    "data": ("model", "train", "inference", "marian", "cli"),
+    "marian": ("train", "inference", "cli"),
+    "inference": ("train", "cli"),
+    "train": ("cli",),
 }
 # Modules that hold names defined once (file names, input names, paper constants) so
 # that any layer may import them: they import no package module at all.
