@@ -28,7 +28,6 @@ if _cli_common.is_command_process():  # a kt-* command: quiet TensorFlow before 
 
 from keras_transformer import distribute, layers  # noqa: E402
 from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer  # noqa: E402
-from keras_transformer.inference.memory import MemoryModel, TranslationMemory, build_translation_memory  # noqa: E402
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
 from keras_transformer.train.compile import compile_transformer  # noqa: E402
 from keras_transformer.train.config import TrainingConfig  # noqa: E402
@@ -76,9 +75,6 @@ __all__ = [
     "TransformerConfig",
     "Transformer",
     "build_transformer",
-    "MemoryModel",
-    "TranslationMemory",
-    "build_translation_memory",
     "TrainingConfig",
     "compile_transformer",
     "FusedAdam",

@@ -49,7 +49,7 @@ if keras.backend.backend() == "jax":
     # Most tests build the same tiny model and fit it on the same shapes, each time in a
     # new jitted function that JAX would compile again. XLA's compilation cache is keyed
     # by the program, not the function object: with it, the session compiles each program
-    # once (halves test_late_dropout.py's time). One cache per session, removed at exit;
+    # once. One cache per session, removed at exit;
     # the environment passes it to the tests' child processes too.
     _JAX_CACHE = tempfile.mkdtemp(prefix="kt-jax-cache-")
     atexit.register(shutil.rmtree, _JAX_CACHE, ignore_errors=True)
@@ -99,13 +99,6 @@ def once_on(backend, why):
 
 def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
-
-
-class SpaceTokenizer:
-    """Ids written as numbers ("5 6 7"): all that the translation memory's tests read of a tokenizer."""
-
-    def encode(self, sentences):
-        return [[int(token) for token in sentence.split()] for sentence in sentences]
 
 
 @pytest.fixture

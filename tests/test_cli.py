@@ -34,7 +34,6 @@ COMMANDS = {  # console script -> module of keras_transformer.cli
     "kt-average-checkpoints": "average_checkpoints",
     "kt-demo": "demo",
     "kt-import-marian": "import_marian",
-    "kt-build-memory": "build_memory",
 }
 
 

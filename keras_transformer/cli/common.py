@@ -6,9 +6,8 @@
   `__init__` calls it first where `is_command_process()`.
 - `add_config_arguments` / `read_run_config`: `--config FILE` and `--set KEY=VALUE`
   (kt-train, kt-demo).
-- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable) and
-  `--memory FILE`, a model, an ensemble or a model with a translation memory
-  (kt-translate, kt-evaluate).
+- `add_model_arguments` / `translator_source`: `--model-dir DIR` (repeatable), a model
+  or an ensemble (kt-translate, kt-evaluate).
 - `add_decoding_arguments` / `decoding_settings`: `--beam-size`, `--greedy`,
   `--length-penalty`, `--early-stopping`, `--max-extra` (kt-translate, kt-evaluate,
   kt-export), with the paper's defaults defined once in `inference.decoding`;
@@ -34,7 +33,6 @@ import zipfile
 # The commands, by their module in this package; `kt-<name>` runs `<module>.main`.
 COMMANDS = (
     "train", "translate", "evaluate", "export", "visualize", "average_checkpoints", "demo", "import_marian",
-    "build_memory",
 )
 
 # TensorFlow's C++ log level, read once when TensorFlow is loaded: 3 drops its INFO,
@@ -200,57 +198,11 @@ def add_model_arguments(parser):
         help="directory with model.keras and tokenizer.model; repeated (directories trained with "
         "one tokenizer), an ensemble: their next-token probabilities averaged",
     )
-    group = parser.add_argument_group("translation memory (kNN-MT, keras_transformer.inference.memory)")
-    group.add_argument(
-        "--memory",
-        metavar="FILE",
-        help="a translation memory (.npz) that kt-build-memory wrote with this --model-dir: the tokens "
-        "of its nearest decoder states mixed into every step (decoding takes longer)",
-    )
-    group.add_argument("--memory-weight", type=float, default=0.5, help="the memory's share of each step (default 0.5)")
-    group.add_argument("--memory-neighbors", type=int, default=16, help="keys read each step (default 16)")
-    group.add_argument(
-        "--memory-temperature", type=float, default=30.0,
-        help="softmax temperature over the neighbours' squared distances (default 30)",
-    )
-    group.add_argument(
-        "--memory-distance-scale", type=float, metavar="S",
-        help="the memory's share falls as exp(-d/S) with the squared distance d of the step's nearest "
-        "key (default: the same share every step)",
-    )
-    group.add_argument(
-        "--memory-pairs", type=int, metavar="M",
-        help="read only the keys of the M stored pairs whose sources are nearest each sentence's "
-        "(a memory kt-build-memory wrote with its pair index): a step costs the same whatever the "
-        "memory's size (default: every key)",
-    )
 
 
-def translator_source(parser, args):
-    """`(what Translator takes first, its ensemble keyword arguments)` from `add_model_arguments`'."""
-    if args.memory is not None:
-        if len(args.model_dir) > 1:
-            parser.error("--memory takes one --model-dir, the model that built it (no ensemble)")
-        from keras_transformer.inference.memory import MemoryModel, TranslationMemory
-        from keras_transformer.model.directory import load_model_and_tokenizer
-
-        try:
-            model, tokenizer = load_model_and_tokenizer(args.model_dir[0])
-            memory_model = MemoryModel(
-                model,
-                TranslationMemory.load(args.memory),
-                neighbors=args.memory_neighbors,
-                temperature=args.memory_temperature,
-                weight=args.memory_weight,
-                distance_scale=args.memory_distance_scale,
-                pairs=args.memory_pairs,
-            )
-        except COMMAND_ERRORS as error:
-            fail(parser, error)
-        return memory_model, {"tokenizer": tokenizer}
-    if len(args.model_dir) > 1:
-        return list(args.model_dir), {}
-    return args.model_dir[0], {}
+def translator_source(args):
+    """What `Translator` takes first, from `add_model_arguments`': a directory, or a list (an ensemble)."""
+    return list(args.model_dir) if len(args.model_dir) > 1 else args.model_dir[0]
 
 
 def add_decoding_arguments(parser, *, batch_size=True, sampling=None):

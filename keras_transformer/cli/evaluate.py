@@ -32,13 +32,7 @@ def main(argv=None):
     )
     common.add_decoding_arguments(parser)
     args = parser.parse_args(argv)
-    source, ensemble = common.translator_source(parser, args)
-    if args.write_metrics and args.memory is not None:
-        parser.error(
-            "--write-metrics records the model's own scores in its directory; scores read with "
-            "--memory are the model's and the memory's (they are printed)"
-        )
-    if args.write_metrics and (len(args.model_dir) > 1 or ensemble):
+    if args.write_metrics and len(args.model_dir) > 1:
         parser.error(
             "--write-metrics records one model's scores in its directory; an ensemble's "
             "belong to no one directory (they are printed)"
@@ -56,7 +50,7 @@ def main(argv=None):
             )
         if not sources:
             raise ValueError(f"{args.source} is empty: there is nothing to score")
-        translator = Translator(source, **ensemble, **common.decoding_settings(args))
+        translator = Translator(common.translator_source(args), **common.decoding_settings(args))
     except common.COMMAND_ERRORS as error:
         common.fail(parser, error)
     scores, translations = evaluate(translator, sources, references, return_translations=True)

@@ -105,9 +105,8 @@ def _translated_lines(parser, args, sentences, target_prefixes, progress):
     """The output lines: one translation (with its score) per sentence, or the n-best lines."""
     from keras_transformer.inference.translator import Translator
 
-    source, ensemble = common.translator_source(parser, args)
     try:
-        translator = Translator(source, **ensemble, **common.decoding_settings(args))
+        translator = Translator(common.translator_source(args), **common.decoding_settings(args))
     except common.COMMAND_ERRORS as error:
         common.fail(parser, error)
     try:

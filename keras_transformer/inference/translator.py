@@ -23,7 +23,7 @@ import numpy as np
 
 from keras_transformer import checks
 from keras_transformer.data.pipeline import default_bucket_boundaries
-from keras_transformer.inference import ensemble, memory, sampling
+from keras_transformer.inference import ensemble, sampling
 from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.inference.text_inputs import checked_strings, encodable, progress_bar
 from keras_transformer.inference.decoding import DECODE_METHODS, MAX_DECODE_EXTRA
@@ -100,8 +100,6 @@ class Translator:
             the members' next-token probabilities averaged at every step), a list of
             model directories (or models) trained with one tokenizer, or an
             `Ensemble`. A list takes its search defaults from its first directory.
-            A `MemoryModel` (`keras_transformer.inference.memory`) decodes with a
-            translation memory (kNN-MT) mixed into every step.
         tokenizer: a `SubwordTokenizer` or a path to a `tokenizer.model` file (or its
             directory). Defaults to the tokenizer of the model directory; required
             when a model object is given.
@@ -458,14 +456,6 @@ def _load_model(source, tokenizer):
         # Each member as load_model_and_tokenizer checks one model and its tokenizer.
         for member in source.models:
             _, tokenizer = load_model_and_tokenizer(member, tokenizer)
-        return source, tokenizer
-    if isinstance(source, memory.MemoryModel):
-        if tokenizer is None:
-            raise ValueError(
-                "A MemoryModel needs its tokenizer: pass `tokenizer=` (a SubwordTokenizer or "
-                "the path of its tokenizer.model)."
-            )
-        _, tokenizer = load_model_and_tokenizer(source.model, tokenizer)
         return source, tokenizer
     return load_model_and_tokenizer(source, tokenizer)
 

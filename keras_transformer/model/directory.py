@@ -156,11 +156,6 @@ def _read_model(model_dir_or_model, tokenizer):
                 ": an Ensemble decodes with a Translator; to export or serve one model, "
                 "average the checkpoints (kt-average-checkpoints)"
             )
-        elif type(model_dir_or_model).__name__ == "MemoryModel":
-            hint = (
-                ": a MemoryModel decodes with a Translator; export its model "
-                "(memory_model.model), which serves without the memory"
-            )
         raise TypeError(
             "`model_dir_or_model` must be a model directory (str or path) or a "
             f"keras_transformer.Transformer. Received: {type(model_dir_or_model).__name__}{hint}"

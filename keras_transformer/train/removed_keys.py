@@ -12,9 +12,15 @@ import warnings
 REMOVED_IN = "0.4"
 
 # "key" or "table.key" -> (its 0.3 default, why it went, in a few words).
+_MEMORY = "the kNN translation memory did not beat the run-to-run spread"
 REMOVED_KEYS = {
     "bidirectional_steps": (0, "bidirectional training scored val 39.23 against 39.57 without it"),
     "late_dropout_start": (0.0, "late dropout scored val 35.79 against 36.27 without it"),
+    "eval_memory_weight": (0.0, _MEMORY),
+    "eval_memory_neighbors": (16, _MEMORY),
+    "eval_memory_temperature": (30.0, _MEMORY),
+    "eval_memory_distance_scale": (0.0, _MEMORY),
+    "eval_memory_pairs": (0, _MEMORY),
     "training.optimizer": ("adam", "Muon tied Adam, then lost 0.60 BLEU: Adam is the optimizer"),
     "training.rdrop_alpha": (0.0, "R-Drop lost 5.1 BLEU at twice the step time"),
 }

@@ -41,8 +41,7 @@ RESUMABLE_CHANGES = frozenset({
     "jit_compile", "steps_per_execution", "verbose", "keep_checkpoints",
     "bleu_every_epochs", "bleu_samples", "sample_translations", "eval_decode",
     "eval_beam_size", "eval_length_penalty", "eval_batch_size", "early_stopping_patience",
-    "early_stopping_monitor", "early_stopping_min_delta", "eval_memory_weight",
-    "eval_memory_neighbors", "eval_memory_temperature", "eval_memory_pairs", "eval_memory_distance_scale",
+    "early_stopping_monitor", "early_stopping_min_delta",
 })
 # The key of a TOML run config that names the file it builds on (RunConfig.from_toml).
 EXTENDS_KEY = "extends"
@@ -157,21 +156,6 @@ class RunConfig:
     eval_beam_size: int = BEAM_SIZE
     eval_length_penalty: float = LENGTH_PENALTY
     eval_batch_size: int = 128
-    # A translation memory of the training split mixed into that search (kNN-MT,
-    # `keras_transformer.inference.memory`): the memory's share of each step's next-token
-    # distribution (0: none), the neighbours each step reads, and the softmax temperature
-    # over their squared distances. Built after training from the final weights, so it
-    # costs no training time; chosen on the validation split like the search.
-    # `eval_memory_distance_scale`: 0 mixes every step with the weight; s > 0 makes the
-    # share `weight * exp(-d0 / s)`, d0 the squared distance of the step's nearest key.
-    # `eval_memory_pairs`: 0 searches every key at every step; M > 0 only the keys of
-    # each sentence's M nearest training pairs (`MemoryModel(..., pairs=M)`), a step's
-    # cost then independent of the memory's size.
-    eval_memory_weight: float = 0.0
-    eval_memory_neighbors: int = 16
-    eval_memory_temperature: float = 30.0
-    eval_memory_distance_scale: float = 0.0
-    eval_memory_pairs: int = 0
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -185,11 +169,11 @@ class RunConfig:
         checks.check_choice("eval_decode", self.eval_decode, DECODE_METHODS)
         checks.check_choice("verbose", self.verbose, (0, 1, 2))
         for name in ("epochs", "vocab_size", "steps_per_execution", "bleu_samples",
-                     "eval_beam_size", "eval_batch_size", "tokens_per_batch", "eval_memory_neighbors"):
+                     "eval_beam_size", "eval_batch_size", "tokens_per_batch"):
             checks.check_positive_int(name, getattr(self, name))
         for name in ("steps_per_epoch", "keep_checkpoints", "checkpoint_every_steps", "bleu_every_epochs",
                      "sample_translations", "max_train_pairs", "bucket_width",
-                     "tokenizer_max_sentences", "demo_num_train", "eval_memory_pairs"):
+                     "tokenizer_max_sentences", "demo_num_train"):
             checks.check_non_negative_int(name, getattr(self, name))
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
         for name in ("subword_sampling_source", "subword_sampling_target"):
@@ -202,13 +186,6 @@ class RunConfig:
                 f"subword_sampling_target={self.subword_sampling_target:g}"
             )
         checks.check_non_negative_number("eval_length_penalty", self.eval_length_penalty)
-        checks.check_positive_number("eval_memory_temperature", self.eval_memory_temperature)
-        checks.check_non_negative_number("eval_memory_distance_scale", self.eval_memory_distance_scale)
-        if not 0 <= self.eval_memory_weight < 1:
-            raise ValueError(
-                f"`eval_memory_weight` is the memory's share, in [0, 1) (0: no memory). "
-                f"Received: {self.eval_memory_weight!r}"
-            )
         self._check_early_stopping()
         separators = [sep for sep in ("/", os.sep, os.altsep) if sep]
         if not self.name or self.name.startswith(".") or "\0" in self.name or any(
@@ -277,27 +254,6 @@ class RunConfig:
         """
         beam_size = 1 if self.eval_decode == "greedy" else self.eval_beam_size
         return {"beam_size": beam_size, "length_penalty": float(self.eval_length_penalty)}
-
-    def memory_settings(self):
-        """The `MemoryModel` arguments of the run's translation memory, or None without one.
-
-        Example:
-        >>> RunConfig(eval_memory_weight=0.3).memory_settings()
-        {'neighbors': 16, 'temperature': 30.0, 'weight': 0.3, 'distance_scale': None, 'pairs': None}
-        >>> RunConfig(eval_memory_weight=0.3, eval_memory_pairs=32).memory_settings()["pairs"]
-        32
-        >>> RunConfig().memory_settings() is None
-        True
-        """
-        if not self.eval_memory_weight:
-            return None
-        return {
-            "neighbors": self.eval_memory_neighbors,
-            "temperature": float(self.eval_memory_temperature),
-            "weight": float(self.eval_memory_weight),
-            "distance_scale": float(self.eval_memory_distance_scale) or None,
-            "pairs": self.eval_memory_pairs or None,
-        }
 
     def model_config(self, vocab_size=None):
         """The `TransformerConfig` of the run: preset, `[model]` overrides, vocabulary size.
