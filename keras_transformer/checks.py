@@ -6,9 +6,12 @@ a bool is not an int (True would otherwise pass as 1), and numbers must be finit
 (NaN compares false with everything, so a range check alone lets it through).
 """
 
+import contextlib
 import dataclasses
 import math
 import numbers
+import sys
+import threading
 import typing
 
 import numpy as np
@@ -74,6 +77,8 @@ def is_concrete(value):
     """
     if isinstance(value, (np.ndarray, list, tuple, numbers.Number)):
         return True
+    if getattr(_host_reads, "disabled", False) or _torch_is_compiling():
+        return False
     cls = type(value)
     module, name = cls.__module__, cls.__name__
     return (
@@ -81,6 +86,34 @@ def is_concrete(value):
         or (module.startswith("jaxlib") and name == "ArrayImpl")
         or (module.startswith("torch") and name == "Tensor")
     )
+
+
+_host_reads = threading.local()
+_host_reads.disabled = False
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Within it, `is_concrete` says False for device tensors: their checks are left to the graph.
+
+    A training step runs inside it. On PyTorch's eager step every value check would
+    otherwise copy a device tensor to the host, a sync that stalls a GPU's queue each
+    step; the same guarantee holds without it (an out-of-range id or label makes the
+    loss NaN, and `StopOnNaN` stops the run saying why), as inside compiled steps.
+    NumPy inputs are still checked, where reading them costs nothing.
+    """
+    before = getattr(_host_reads, "disabled", False)
+    _host_reads.disabled = True
+    try:
+        yield
+    finally:
+        _host_reads.disabled = before
+
+
+def _torch_is_compiling():
+    """True while dynamo traces; read from `sys.modules` so this module never imports torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def check_ids_in_range(

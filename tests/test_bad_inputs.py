@@ -156,14 +156,28 @@ def test_out_of_range_id_inside_predict_gives_nan_logits(model, bad_id):
     np.testing.assert_allclose(logits[1], alone[0], atol=1e-5)  # its neighbour: untouched
 
 
-def _fit_three_batches(model, inputs, labels):
+def _fit_three_batches(model, inputs, labels, as_dataset=False):
     """`fit` on three batches of two pairs, the 2nd batch holding the bad value; steps run."""
     model.compile(optimizer="sgd", loss=kt.LabelSmoothedCrossEntropy())
-    model.fit(
-        inputs, labels, batch_size=2, epochs=1, shuffle=False, verbose=0,
-        callbacks=[keras.callbacks.TerminateOnNaN()],
-    )
+    data = {"x": inputs, "y": labels, "batch_size": 2, "shuffle": False}
+    if as_dataset:  # batches made elsewhere: no array for `fit` to check up front
+        batches = [({k: v[i : i + 2] for k, v in inputs.items()}, labels[i : i + 2]) for i in range(0, 6, 2)]
+        data = {"x": keras.utils.PyDataset.__new__(_Batches).setup(batches)}
+    model.fit(**data, epochs=1, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()])
     return int(to_numpy(model.optimizer.iterations))
+
+
+class _Batches(keras.utils.PyDataset):
+    def setup(self, batches):
+        super().__init__()
+        self.batches = batches
+        return self
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, index):
+        return self.batches[index]
 
 
 def _pairs_with(bad, where):
@@ -180,27 +194,38 @@ def _pairs_with(bad, where):
     return inputs, labels
 
 
-@pytest.mark.parametrize(
+BAD_IDS_IN_FIT = pytest.mark.parametrize(
     "bad, where, message",
     [
-        (-1, "encoder_inputs", r"`encoder_inputs` holds token id -1 at position \(0, 1\)"),
-        (32, "labels", r"`y_true` holds id 32 at position \(0, 1\), outside \[0, vocab_size=32\) \(or ignore_id=0\)"),
-        (-5, "labels", r"`y_true` holds id -5 at position \(0, 1\)"),
+        (-1, "encoder_inputs", r"`encoder_inputs` holds token id -1 at position \(2, 1\)"),
+        (32, "labels", r"`y` holds id 32 at position \(2, 1\), outside \[0, vocab_size=32\) \(or ignore_id=0\)"),
+        (-5, "labels", r"`y` holds id -5 at position \(2, 1\)"),
     ],
     ids=["negative_input_id", "label_too_large", "negative_label"],
 )
-def test_out_of_range_id_or_label_inside_fit_stops_the_run(bad, where, message):
-    """TensorFlow and JAX compile the step, so nothing can raise: the loss is NaN and
-    `TerminateOnNaN` stops at the bad batch (the 2nd of 3). PyTorch runs it eagerly,
-    and the model or the loss raises, naming the value and its place in the batch."""
+
+
+@BAD_IDS_IN_FIT
+def test_out_of_range_id_or_label_in_fit_arrays_is_named_before_the_first_step(bad, where, message):
+    """Arrays given to `fit` are checked once, on the host, before any step, on every backend."""
     keras.utils.set_random_seed(0)
     model = kt.build_transformer(tiny_config())
     inputs, labels = _pairs_with(bad, where)
-    if keras.backend.backend() == "torch":
-        with pytest.raises(ValueError, match=message):
-            _fit_three_batches(model, inputs, labels)
-        return
-    assert _fit_three_batches(model, inputs, labels) == 2  # of 3: stopped at the bad batch
+    with pytest.raises(ValueError, match=message):
+        _fit_three_batches(model, inputs, labels)
+    assert int(to_numpy(model.optimizer.iterations)) == 0
+
+
+@BAD_IDS_IN_FIT
+def test_out_of_range_id_or_label_in_a_dataset_stops_the_run(bad, where, message):
+    """Batches from a dataset are never read on the host inside the step (on PyTorch that
+    would be a device-to-host copy a step): on every backend the bad batch's loss is NaN
+    and `TerminateOnNaN` stops the run at it (the 2nd of 3), never a wrapped id or a
+    finite wrong loss."""
+    keras.utils.set_random_seed(0)
+    model = kt.build_transformer(tiny_config())
+    inputs, labels = _pairs_with(bad, where)
+    assert _fit_three_batches(model, inputs, labels, as_dataset=True) == 2
 
 
 @pytest.mark.parametrize(

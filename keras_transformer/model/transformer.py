@@ -12,6 +12,7 @@ from keras_transformer import checks
 from keras_transformer.input_names import MODEL_INPUTS, PACKING_INPUTS
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.model.stacks import build_stacks
+from keras_transformer.special_tokens import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -131,8 +132,43 @@ class Transformer(keras.Model):
         shuffle_given = "shuffle" in kwargs or len(args) >= _FIT_SHUFFLE_POSITION
         if not shuffle_given and _is_dataset(x):
             kwargs["shuffle"] = False
+        self._check_arrays_once(x, y)
         self._build_optimizer_before_tracing()
         return super().fit(x, y, *args, **kwargs)
+
+    def _check_arrays_once(self, x, y):
+        """Checks in-memory ids and labels once, before `fit`, where no step can read them.
+
+        Inside the training step values are never read on the host (`checks.no_host_reads`):
+        there an out-of-range id makes the loss NaN. Arrays given to `fit` are checked here
+        instead, with the named error of a direct call.
+        """
+        if isinstance(x, dict):
+            for key in MODEL_INPUTS:
+                if key in x and checks.is_concrete(x[key]):
+                    check_token_ids(x[key], self.config.vocab_size, name=key)
+        if y is not None and not _is_dataset(y) and checks.is_concrete(y):
+            ignore_id = getattr(getattr(self, "loss", None), "ignore_id", PAD_ID)
+            checks.check_ids_in_range("y", np.asarray(ops.convert_to_numpy(y)), self.config.vocab_size, ignore_id=ignore_id)
+
+    def train_step(self, *args):
+        """Keras' training step (`(data)`, or `(state, data)` on JAX), with no host reads.
+
+        On PyTorch a step captured by `compile_transformer` (`train.torch_step`) runs when
+        one is attached and can take the batch.
+        """
+        with checks.no_host_reads():
+            captured = getattr(self, "_captured_train_step", None)
+            if captured is not None:
+                logs = captured(args[-1])
+                if logs is not None:
+                    return logs
+            return super().train_step(*args)
+
+    def test_step(self, *args):
+        """Keras' evaluation step, with no host reads (see `train_step`)."""
+        with checks.no_host_reads():
+            return super().test_step(*args)
 
     def train_on_batch(self, *args, **kwargs):
         """`keras.Model.train_on_batch`; on TensorFlow the optimizer is built first, as in `fit`.

@@ -217,7 +217,6 @@ def compile_transformer(
         # replace() validates it, with the TrainingConfig's message.
         training_config = training_config.replace(gradient_accumulation_steps=gradient_accumulation_steps)
     checks.check_choice("jit_compile", jit_compile, JIT_COMPILE_VALUES)
-    check_jit_compile_backend(jit_compile)
     checks.check_positive_int("steps_per_execution", steps_per_execution)
     # The layers compute in config.dtype_policy, or the global policy when it is None.
     optimizer = make_optimizer(config.d_model, training_config, estimate_total_steps=estimate_total_steps)
@@ -226,7 +225,7 @@ def compile_transformer(
         optimizer=optimizer,
         loss=make_loss(training_config),
         metrics=[MaskedAccuracy(), Perplexity()],
-        jit_compile=jit_compile,
+        jit_compile=attach_torch_step(model, jit_compile),
         steps_per_execution=steps_per_execution,
     )
     return model
@@ -243,21 +242,21 @@ def make_loss(training_config=None):
     return LabelSmoothedCrossEntropy(training_config.label_smoothing)
 
 
-def check_jit_compile_backend(jit_compile):
-    """Refuses `jit_compile=True` on PyTorch, where torch.compile fails on this model.
+def attach_torch_step(model, jit_compile):
+    """On PyTorch, `jit_compile=True` trains through a captured, inductor-compiled step.
 
-    Measured with torch 2.11 (CUDA) and 2.13 (CPU): dynamo recompiles the attention
-    sub-layer that self- and cross-attention share past its recompile limit, then fails
-    inside its own guard code with a `KeyError` that names none of the user's code.
-    "auto" (Keras' choice: eager on PyTorch) and False run.
+    Keras' own `torch.compile` of its step breaks the graph inside Keras and recompiles
+    the shared attention code past dynamo's limit; `train.torch_step.CapturedTrainStep`
+    captures the forward pass and loss once per batch shape instead and compiles that.
+    Returns the `jit_compile` to hand to `model.compile` (False there: the step is ours).
     """
-    if jit_compile is True and keras.backend.backend() == "torch":
-        raise ValueError(
-            "jit_compile=True (torch.compile) cannot compile the Transformer on the PyTorch "
-            "backend: dynamo recompiles its shared attention sub-layer past the recompile "
-            "limit and then fails. Use jit_compile='auto' or False (PyTorch runs eagerly), "
-            "or the JAX backend for a compiled step. Received: jit_compile=True"
-        )
+    model._captured_train_step = None
+    if keras.backend.backend() != "torch" or jit_compile is not True:
+        return jit_compile
+    from keras_transformer.train.torch_step import CapturedTrainStep  # imports torch
+
+    model._captured_train_step = CapturedTrainStep(model, compiler="inductor")
+    return False
 
 
 def _checked_training_config(training_config):

@@ -1,0 +1,116 @@
+"""The PyTorch training step captured once per batch shape (`train.torch_step`)."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer as kt
+from keras_transformer.train.compile import compile_transformer
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="the captured training step is the PyTorch backend's"
+)
+
+VOCAB = 64
+
+
+def _batch(rng, batch, length):
+    x = {
+        "encoder_inputs": rng.integers(4, VOCAB, (batch, length)).astype("int32"),
+        "decoder_inputs": rng.integers(4, VOCAB, (batch, length + 1)).astype("int32"),
+    }
+    return x, rng.integers(0, VOCAB, (batch, length + 1)).astype("int32")
+
+
+def _train(batches, compiler, dropout=0.0):
+    """Trains a seeded tiny model on `batches`; returns (logs, weights, step or None)."""
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    keras.utils.set_random_seed(1)
+    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=dropout)
+    model = compile_transformer(kt.Transformer(config), jit_compile=False)
+    step = None if compiler == "keras" else CapturedTrainStep(model, compiler=compiler)
+    model._captured_train_step = step
+    logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
+    return logs, [keras.ops.convert_to_numpy(v) for v in model.trainable_variables], step
+
+
+def test_captured_step_equals_keras_eager_step_and_captures_each_shape_once():
+    rng = np.random.default_rng(0)
+    shape_a, shape_b = _batch(rng, 2, 5), _batch(rng, 3, 4)
+    batches = [shape_a, shape_b, _batch(rng, 2, 5), shape_b]
+    eager_logs, eager_weights, _ = _train(batches, "keras")
+    logs, weights, step = _train(batches, None)
+    assert step.captures == 2  # two shapes, each captured at its first batch, never again
+    assert logs == eager_logs  # the same float32 ops in the same order: equal, not close
+    for expected, actual in zip(eager_weights, weights):
+        np.testing.assert_array_equal(actual, expected)
+
+
+def test_captured_step_under_dynamo_does_not_recompile_after_warm_up():
+    """Each shape's graph is compiled once; later batches of known shapes reuse it."""
+    from torch._dynamo.utils import counters
+
+    rng = np.random.default_rng(1)
+    shapes = [_batch(rng, 2, 5), _batch(rng, 3, 4)]
+    batches = shapes + [_batch(rng, 2, 5), _batch(rng, 3, 4), _batch(rng, 2, 5)]
+    eager_logs, eager_weights, _ = _train(batches[:2], "keras")
+    frames_before = counters["stats"]["unique_graphs"]
+    # aot_eager runs dynamo and AOTAutograd as inductor does, without its C++ codegen
+    # (minutes on this CPU); docs/benchmarks.md times inductor itself.
+    logs, weights, step = _train(batches[:2], "aot_eager")
+    assert counters["stats"]["unique_graphs"] - frames_before == 2
+    for actual, expected in zip(logs, eager_logs):
+        assert actual == pytest.approx(expected, rel=1e-6)
+    for expected, actual in zip(eager_weights, weights):
+        np.testing.assert_allclose(actual, expected, atol=1e-6)
+    frames_after_warm_up = counters["stats"]["unique_graphs"]
+    model_step = step
+    for x, y in batches[2:]:
+        model_step.model.train_on_batch(x, y)
+    assert counters["stats"]["unique_graphs"] == frames_after_warm_up
+    assert model_step.captures == 2
+
+
+def test_dropout_differs_between_steps_in_the_captured_graph():
+    """Dropout is drawn afresh each step inside the graph, not baked in at capture."""
+    rng = np.random.default_rng(2)
+    x, y = _batch(rng, 2, 5)
+    keras.utils.set_random_seed(1)
+    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.5)
+    model = compile_transformer(kt.Transformer(config), jit_compile=True)
+    model._captured_train_step.compiler = None  # the graph as captured: no inductor build
+    step = model._captured_train_step
+    data = (x, y)
+    import torch
+
+    def loss_of_one_step():
+        x_t, y_t = keras.tree.map_structure(keras.ops.convert_to_tensor, data)
+        graph = step._graphs.get(next(iter(step._graphs))) if step._graphs else None
+        if graph is None:
+            model.train_on_batch(x, y)
+            graph = next(iter(step._graphs.values()))
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        with torch.no_grad():
+            return float(graph(trainable, non_trainable, x_t, y_t)[0])
+
+    losses = {loss_of_one_step() for _ in range(4)}
+    assert len(losses) == 4  # the same weights and batch, four different dropout masks
+
+
+def test_fit_with_jit_compile_true_trains_as_keras_eager_fit():
+    rng = np.random.default_rng(3)
+    x, y = _batch(rng, 8, 5)
+    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
+    histories = {}
+    for jit_compile in (False, True):
+        keras.utils.set_random_seed(1)
+        model = compile_transformer(kt.Transformer(config), jit_compile=jit_compile)
+        if jit_compile:
+            model._captured_train_step.compiler = "aot_eager"  # see above: inductor's build is minutes here
+        histories[jit_compile] = model.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False).history
+    assert model._captured_train_step.captures == 1  # one shape: batches of 4
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+    for name, values in histories[False].items():
+        assert histories[True][name] == pytest.approx(values, rel=1e-6), name
