@@ -29,13 +29,12 @@ if _cli_common.is_command_process():  # a kt-* command: quiet TensorFlow before 
 from keras_transformer import distribute, layers  # noqa: E402
 from keras_transformer.model import PRESETS, Transformer, TransformerConfig, build_transformer  # noqa: E402
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
+# compile_transformer's module imports the rest of what a saved model may hold (FusedAdam,
+# BudgetSchedule, PerUpdateSchedule), so each is registered with Keras' serialization.
 from keras_transformer.train.compile import compile_transformer  # noqa: E402
 from keras_transformer.train.config import TrainingConfig  # noqa: E402
-from keras_transformer.train.fused_adam import FusedAdam  # noqa: E402
 from keras_transformer.train.losses import LabelSmoothedCrossEntropy  # noqa: E402
 from keras_transformer.train.metrics import MaskedAccuracy, Perplexity  # noqa: E402
-from keras_transformer.train.budget_schedule import BudgetSchedule  # noqa: E402
-from keras_transformer.train.budget_estimate import StepBudgetEstimator  # noqa: E402
 from keras_transformer.train.schedules import TransformerSchedule  # noqa: E402
 
 from keras_transformer.version import __version__  # noqa: E402
@@ -45,7 +44,6 @@ _LAZY = {
     "SubwordTokenizer": "keras_transformer.data.tokenizer",
     "train_tokenizer": "keras_transformer.data.tokenizer",
     "Translator": "keras_transformer.inference.translator",
-    "Hypothesis": "keras_transformer.inference.translator",
     "export_saved_model": "keras_transformer.inference.export",
     "export_ctranslate2": "keras_transformer.inference.ctranslate2_export",
     "CTranslate2Translator": "keras_transformer.inference.ctranslate2_translator",
@@ -77,10 +75,7 @@ __all__ = [
     "build_transformer",
     "TrainingConfig",
     "compile_transformer",
-    "FusedAdam",
     "TransformerSchedule",
-    "BudgetSchedule",
-    "StepBudgetEstimator",
     "LabelSmoothedCrossEntropy",
     "MaskedAccuracy",
     "Perplexity",

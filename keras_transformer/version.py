@@ -4,4 +4,4 @@ Kept out of `__init__` so that a module that records it (a preset's metadata) ne
 import the top-level package, which imports every public name.
 """
 
-__version__ = "0.3.0"  # the same as pyproject.toml's
+__version__ = "0.4.0"  # the same as pyproject.toml's

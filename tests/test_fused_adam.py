@@ -13,6 +13,7 @@ from conftest import tiny_config
 
 import keras_transformer as kt
 from keras_transformer.train.compile import make_optimizer
+from keras_transformer.train.fused_adam import FusedAdam
 from keras_transformer.train.schedules import TransformerSchedule
 
 ADAM_ARGS = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)
@@ -45,7 +46,7 @@ def run_steps(optimizer, weights, gradients):
 def test_same_weights_as_keras_adam(options):
     weights, gradients = weights_and_gradients()
     expected = run_steps(keras.optimizers.Adam(TransformerSchedule(16, 3), **ADAM_ARGS, **options), weights, gradients)
-    got = run_steps(kt.FusedAdam(TransformerSchedule(16, 3), **ADAM_ARGS, **options), weights, gradients)
+    got = run_steps(FusedAdam(TransformerSchedule(16, 3), **ADAM_ARGS, **options), weights, gradients)
     for want, have, start in zip(expected, got, weights):
         assert np.abs(want - start).max() > 1e-2  # the steps moved the weights
         np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)  # float32 rounding of 6 steps of ~0.1
@@ -65,9 +66,9 @@ def test_the_fused_kernel_is_what_runs_on_tensorflow(monkeypatch):
         pytest.skip("the fused kernel is TensorFlow's ResourceApplyAdam; other backends run Keras' Adam")
     make_keras_adam_method_raise(monkeypatch, "update_step")
     weights, gradients = weights_and_gradients(steps=2)
-    run_steps(kt.FusedAdam(1e-3, **ADAM_ARGS), weights, gradients)
+    run_steps(FusedAdam(1e-3, **ADAM_ARGS), weights, gradients)
     with pytest.raises(AssertionError, match="Keras' update_step ran"):
-        run_steps(kt.FusedAdam(1e-3, amsgrad=True), weights, gradients)
+        run_steps(FusedAdam(1e-3, amsgrad=True), weights, gradients)
 
 
 def test_clipnorm_clips_as_keras_does_below_at_and_above_the_norm():
@@ -77,8 +78,8 @@ def test_clipnorm_clips_as_keras_does_below_at_and_above_the_norm():
     gradients = [[g * scale for g in step] for step, scale in zip(gradients, scales)]
     for options in ({"clipnorm": 0.5}, {"clipnorm": 0.5, "weight_decay": 0.1}):
         expected = run_steps(keras.optimizers.Adam(1e-2, **ADAM_ARGS, **options), weights, gradients)
-        got = run_steps(kt.FusedAdam(1e-2, **ADAM_ARGS, **options), weights, gradients)
-        unclipped = run_steps(kt.FusedAdam(1e-2, **ADAM_ARGS), weights, gradients)
+        got = run_steps(FusedAdam(1e-2, **ADAM_ARGS, **options), weights, gradients)
+        unclipped = run_steps(FusedAdam(1e-2, **ADAM_ARGS), weights, gradients)
         for want, have, loose in zip(expected, got, unclipped):
             np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
             assert np.abs(loose - want).max() > 1e-3  # clipping changed the steps
@@ -89,7 +90,7 @@ def test_clipnorm_is_one_vector_of_norms_on_tensorflow(monkeypatch):
         pytest.skip("the vectorised clipping is TensorFlow's; other backends clip as Keras does")
     make_keras_adam_method_raise(monkeypatch, "_clip_by_norm")  # Keras' per-gradient clip
     weights, gradients = weights_and_gradients(steps=2)
-    run_steps(kt.FusedAdam(1e-3, clipnorm=1.0, **ADAM_ARGS), weights, gradients)
+    run_steps(FusedAdam(1e-3, clipnorm=1.0, **ADAM_ARGS), weights, gradients)
     with pytest.raises(AssertionError, match="Keras' _clip_by_norm ran"):
         run_steps(keras.optimizers.Adam(1e-3, clipnorm=1.0, **ADAM_ARGS), weights, gradients)
 
@@ -111,7 +112,7 @@ def test_fit_gives_the_weights_of_keras_adam():
     weights = start.get_weights()
     options = dict(clipnorm=1.0, weight_decay=0.1, **ADAM_ARGS)
     expected = fit_weights(keras.optimizers.Adam(TransformerSchedule(16, 2), **options), weights, inputs, labels)
-    got = fit_weights(kt.FusedAdam(TransformerSchedule(16, 2), **options), weights, inputs, labels)
+    got = fit_weights(FusedAdam(TransformerSchedule(16, 2), **options), weights, inputs, labels)
     compared = 0
     for weight, initial in zip(start.weights, weights):
         # Softmax ignores a bias added to every key, so its exact gradient is 0 and what
@@ -129,12 +130,12 @@ def test_make_optimizer_gives_fused_adam_on_tensorflow():
     optimizer = make_optimizer(16, kt.TrainingConfig(warmup_steps=4, clipnorm=1.0, weight_decay=0.1))
     assert isinstance(optimizer, keras.optimizers.Adam)
     # Elsewhere Keras' own Adam: PyTorch's batches every weight's update in torch._foreach ops.
-    assert isinstance(optimizer, kt.FusedAdam) == (keras.backend.backend() == "tensorflow")
+    assert isinstance(optimizer, FusedAdam) == (keras.backend.backend() == "tensorflow")
     assert (optimizer.beta_2, optimizer.epsilon, optimizer.clipnorm, optimizer.weight_decay) == (0.98, 1e-9, 1.0, 0.1)
 
 
 def test_fused_adam_round_trips_through_keras_serialization():
-    optimizer = kt.FusedAdam(TransformerSchedule(16, 4), clipnorm=1.0, weight_decay=0.1, **ADAM_ARGS)
+    optimizer = FusedAdam(TransformerSchedule(16, 4), clipnorm=1.0, weight_decay=0.1, **ADAM_ARGS)
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
-    assert type(restored) is kt.FusedAdam
+    assert type(restored) is FusedAdam
     assert restored.get_config() == optimizer.get_config()

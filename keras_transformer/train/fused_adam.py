@@ -49,7 +49,7 @@ class FusedAdam(keras.optimizers.Adam):
     is Keras' Adam.
 
     Example:
-    >>> optimizer = kt.FusedAdam(learning_rate=1e-3, beta_2=0.98, epsilon=1e-9)
+    >>> optimizer = FusedAdam(learning_rate=1e-3, beta_2=0.98, epsilon=1e-9)
     >>> weight = keras.Variable([1.0, -2.0])
     >>> optimizer.apply([keras.ops.convert_to_tensor([0.5, 0.5])], [weight])
     >>> [round(float(w), 4) for w in keras.ops.convert_to_numpy(weight)]  # first step: lr against the gradient
