@@ -38,17 +38,21 @@ def _config(tmp_path, **changes):
     return RunConfig(**{**settings, **changes})
 
 
-def test_a_run_binarizes_its_training_split_once_and_later_runs_open_it(tmp_path):
+def test_a_run_binarizes_its_training_split_once_and_later_runs_open_it(tmp_path, capsys):
     _write_corpus(tmp_path)
     printed = []
     result = run_training(_config(tmp_path), print_fn=printed.append)
     assert any(line.startswith("corpus: streamed train pairs") for line in printed)
     assert any("binarized corpus: 80 pairs" in line and "written to" in line for line in printed)
     assert result.steps == result.steps_per_epoch > 0
+    assert "tokenizer: reused" not in capsys.readouterr().out
     printed.clear()
-    run_training(_config(tmp_path, overwrite=True), print_fn=printed.append)
+    again = run_training(_config(tmp_path, overwrite=True), print_fn=printed.append)
     assert any("binarized corpus: 80 pairs, opened from" in line for line in printed)
-    assert len(list((tmp_path / "binarized").iterdir())) == 1
+    assert "tokenizer: reused from" in capsys.readouterr().out
+    assert again.tokenizer.fingerprint == result.tokenizer.fingerprint
+    kept = sorted(path.name.split("-")[0] for path in (tmp_path / "binarized").iterdir())
+    assert kept == ["tokenizer", "train"]
 
 
 def test_a_resumed_run_reads_on_from_the_batch_where_it_stopped(tmp_path):

@@ -192,3 +192,14 @@ def test_an_all_malformed_corpus_is_refused(tmp_path, tokenizer):
 def test_open_binarized_refuses_a_directory_without_a_corpus(tmp_path):
     with pytest.raises(FileNotFoundError, match="meta.json is missing"):
         open_binarized(str(tmp_path))
+
+
+
+def test_a_corpus_of_several_chunks_is_written_whole(tmp_path, tokenizer, monkeypatch):
+    from keras_transformer.data import binarized
+
+    monkeypatch.setattr(binarized, "_CHUNK_PAIRS", 16)  # 120 pairs: 8 chunks, the last one short
+    chunked = write_binarized(_pairs(), tokenizer, str(tmp_path / "chunked"), progress=False)
+    assert chunked.num_pairs == 120
+    for index in (15, 16, 119):
+        assert chunked.pair_ids(index)[0].tolist() == tokenizer.encode([_pairs()[index][0]])[0]

@@ -168,23 +168,16 @@ def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
     import tqdm
 
     lengths = {"source": [], "target": []}
-    pairs = iter(pairs)
     bar = tqdm.tqdm(unit=" pairs", unit_scale=True, desc="binarizing", disable=not progress, mininterval=2)
     with open(os.path.join(staging, "source.bin"), "wb") as source_file, open(
         os.path.join(staging, "target.bin"), "wb"
     ) as target_file:
-        while chunk := list(itertools.islice(pairs, _CHUNK_PAIRS)):
-            for side, file, sentences in (
-                ("source", source_file, [source for source, _ in chunk]),
-                ("target", target_file, [target for _, target in chunk]),
-            ):
-                ids = tokenizer.encode(sentences)
-                side_lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-                flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(side_lengths.sum()))
+        for encoded in _encoded_chunks(pairs, tokenizer):
+            for side, file, (side_lengths, flat) in zip(lengths, (source_file, target_file), encoded):
                 _check_ids(flat, vocab_size)
                 flat.astype(dtype).tofile(file)
                 lengths[side].append(side_lengths)
-            bar.update(len(chunk))
+            bar.update(len(encoded[0][0]))
     bar.close()
     if not lengths["source"]:
         raise ValueError("No sentence pairs to binarize. Expected at least one pair.")
@@ -199,6 +192,25 @@ def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
         "source_tokens": int(source_lengths.sum()),
         "target_tokens": int(target_lengths.sum()),
     }
+
+
+def _encoded_chunks(pairs, tokenizer):
+    """`((source_lengths, source_ids), (target_lengths, target_ids))` per chunk of pairs, in order.
+
+    One process: sentencepiece cuts a list of sentences on several threads by itself, and
+    worker processes (fairseq-preprocess's --workers) would have to be forked from a
+    process whose TensorFlow or JAX threads make forking unsafe, or spawned, which runs
+    the caller's script again unless it guards its `__main__`.
+    """
+    pairs = iter(pairs)
+    for chunk in iter(lambda: list(itertools.islice(pairs, _CHUNK_PAIRS)), []):
+        encoded = []
+        for sentences in ([source for source, _ in chunk], [target for _, target in chunk]):
+            ids = tokenizer.encode(sentences)
+            side_lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+            flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(side_lengths.sum()))
+            encoded.append((side_lengths, flat))
+        yield tuple(encoded)
 
 
 def _check_ids(flat, vocab_size):

@@ -5,7 +5,8 @@ pairs through the streaming readers (`data.readers.iter_*`), and `binarized_corp
 tokenizes them once into memory-mapped arrays (`data.binarized`) under a directory
 named by a hash of what made them: the files (path, size, modification time) or the
 TFDS split, the pair limit, `skip_malformed`, and the tokenizer's fingerprint. A later
-run with the same corpus and tokenizer opens that directory at once.
+run with the same corpus and tokenizer opens that directory at once; `cached_tokenizer`
+keeps the tokenizer trained on the corpus beside it, so that run trains none either.
 """
 
 import dataclasses
@@ -115,10 +116,38 @@ def binarized_corpus(corpus, tokenizer, cache_dir, *, vocab_size=None, print_fn=
     return binarized
 
 
+def cached_tokenizer(corpus, settings, cache_dir, train, print_fn=print):
+    """The tokenizer `train()` makes from `corpus` with `settings`: loaded from `cache_dir` if made before.
+
+    Training is deterministic (the same sentences and options give the same bytes,
+    `train_tokenizer`), so a tokenizer kept under a key of the corpus and the settings is
+    the one training would make again; a later run skips reading and training.
+
+    Args:
+        corpus: a `TextCorpus`.
+        settings: dict of everything else that shapes the tokenizer (vocabulary size,
+            model type, sentence cap, seed, options).
+        cache_dir: str, the directory of binarized corpora.
+        train: callable returning a new `SubwordTokenizer`.
+        print_fn: callable for the line saying it was reused.
+    """
+    from keras_transformer.data.tokenizer import SubwordTokenizer
+
+    description = {**corpus.describe(), "tokenizer": settings}
+    key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+    directory = os.path.join(cache_dir, f"tokenizer-{key}")
+    if os.path.isdir(directory):
+        print_fn(f"tokenizer: reused from {directory} (trained before on this corpus with these settings)")
+        return SubwordTokenizer.load(directory)
+    tokenizer = train()
+    tokenizer.save(directory)
+    return tokenizer
+
+
 def _refusing_empty(pairs, stats):
     """`pairs`, then `readers.refuse_empty(stats)` once they are exhausted."""
     yield from pairs
     readers.refuse_empty(stats)
 
 
-__all__ = ["CORPUS_KINDS", "TextCorpus", "binarized_corpus"]
+__all__ = ["CORPUS_KINDS", "TextCorpus", "binarized_corpus", "cached_tokenizer"]

@@ -263,19 +263,28 @@ def prepare_tokenizer(run_config, train_pairs, model_dir=None, resuming=False):
     run's own is read from `model_dir` instead, so the restored weights keep meaning
     the same ids.
     """
+    from keras_transformer.data.text_corpus import TextCorpus, cached_tokenizer
     from keras_transformer.data.tokenizer import SubwordTokenizer, train_tokenizer
 
     if resuming:
         return SubwordTokenizer.load(model_dir)
     pairs = itertools.islice(train_pairs, max(1, run_config.tokenizer_max_sentences // 2))  # a list or a stream
     options = {"split_digits": True} if run_config.tokenizer_split_digits else {}
-    return train_tokenizer(
-        [sentence for pair in pairs for sentence in pair],
-        run_config.vocab_size,
-        model_type=run_config.tokenizer_model_type,
-        seed=run_config.seed,
-        **options,
-    )
+    settings = dict(vocab_size=run_config.vocab_size, model_type=run_config.tokenizer_model_type, seed=run_config.seed)
+
+    def train():
+        return train_tokenizer([sentence for pair in pairs for sentence in pair], **settings, **options)
+
+    if not isinstance(train_pairs, TextCorpus):
+        return train()
+    # A streamed corpus's tokenizer is kept beside its binarized copy: a later run skips training it.
+    settings_key = {**settings, **options, "max_sentences": run_config.tokenizer_max_sentences}
+    return cached_tokenizer(train_pairs, settings_key, _binarized_dir(run_config), train)
+
+
+def _binarized_dir(run_config):
+    """Where the run's binarized corpora and their tokenizers are kept."""
+    return run_config.binarized_dir or os.path.join(run_config.output_dir, ".binarized")
 
 
 @dataclasses.dataclass
@@ -508,9 +517,8 @@ def _binarized_datasets(run_config, config, corpus, tokenizer, validation, compl
     from keras_transformer.data.index_batches import IndexBatches, worker_shard
     from keras_transformer.data.text_corpus import binarized_corpus
 
-    cache_dir = run_config.binarized_dir or os.path.join(run_config.output_dir, ".binarized")
     binarized = binarized_corpus(
-        corpus, tokenizer, cache_dir, vocab_size=config.vocab_size, print_fn=print_fn, progress=run_config.verbose == 1
+        corpus, tokenizer, _binarized_dir(run_config), vocab_size=config.vocab_size, print_fn=print_fn, progress=run_config.verbose == 1
     )
     batches = IndexBatches(
         binarized, max_length=config.max_length, tokens_per_batch=run_config.tokens_per_batch,
