@@ -114,3 +114,41 @@ def test_fit_with_jit_compile_true_trains_as_keras_eager_fit():
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
     for name, values in histories[False].items():
         assert histories[True][name] == pytest.approx(values, rel=1e-6), name
+
+
+def test_capture_after_runs_keras_eager_step_until_a_shape_recurs():
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    rng = np.random.default_rng(4)
+    common, rare = _batch(rng, 2, 5), _batch(rng, 3, 4)
+    batches = [common, rare, common, common, common]
+    eager_logs, eager_weights, _ = _train(batches, "keras")
+    keras.utils.set_random_seed(1)
+    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
+    model = compile_transformer(kt.Transformer(config), jit_compile=False)
+    model._captured_train_step = step = CapturedTrainStep(model, capture_after=3)
+    captures = []
+    for x, y in batches:
+        logs = model.train_on_batch(x, y, return_dict=True)
+        captures.append(step.captures)
+    assert captures == [0, 0, 0, 1, 1]  # the common shape at its 3rd batch; the rare one never
+    assert logs == eager_logs[-1]
+    for expected, variable in zip(eager_weights, model.trainable_variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), expected)
+
+
+def test_new_variables_drop_the_captured_graphs():
+    """After `enable_lora` the step trains the new adapter weights, not the old graph's."""
+    rng = np.random.default_rng(5)
+    x, y = _batch(rng, 2, 5)
+    _, _, step = _train([(x, y)], None)
+    model = step.model
+    assert step.captures == 1
+    model.enable_lora(2)
+    compile_transformer(model, jit_compile=False)  # Keras needs a new optimizer for new weights
+    model._captured_train_step = step  # the same step object, which captured the old weights
+    lora = [v for v in model.trainable_variables if "lora" in v.path]
+    before = [keras.ops.convert_to_numpy(v).copy() for v in lora]
+    model.train_on_batch(x, y)
+    assert step.captures == 2
+    assert any(not np.array_equal(keras.ops.convert_to_numpy(v), b) for v, b in zip(lora, before))

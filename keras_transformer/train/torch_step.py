@@ -11,10 +11,16 @@ ops, as a pure function of the weights (`model.stateless_call`). What remains pe
 that graph (run as it is, or compiled by inductor for `jit_compile=True`), the backward
 pass, and Keras' optimizer and metrics, as in Keras' step.
 
-A bucketed pipeline feeds a few batch shapes, each captured (and compiled) once at its
-first batch; `captures` counts them, so a test can show that nothing recompiles after
-warm-up. Batches the capture cannot trace (sample weights) take Keras' eager step.
+A bucketed pipeline feeds a few batch shapes, each captured (and compiled) once;
+`captures` counts them, so a test can show that nothing recompiles after warm-up. With
+`capture_after=n` a shape is captured at its n-th batch and the first n - 1 take Keras'
+eager step, so shapes seen once or twice (a short `fit`, an epoch's last partial batch)
+never pay for a capture. Batches the capture cannot trace (sample weights) take Keras'
+eager step too. A change of the model's variables (`enable_lora`, `quantize`) drops the
+graphs, which were captured for the old ones.
 """
+
+import collections
 
 import keras
 import torch
@@ -88,16 +94,22 @@ class CapturedTrainStep:
         model: a compiled `keras.Model` on the PyTorch backend.
         compiler: None to run each captured graph as it is (no Keras Python per step),
             or a `torch.compile` backend name ("inductor" for `jit_compile=True`).
+        capture_after: int >= 1, the batch of a shape at which that shape is captured;
+            earlier ones run Keras' eager step. Defaults to 1.
     """
 
-    def __init__(self, model, compiler=None):
+    def __init__(self, model, compiler=None, capture_after=1):
+        checks.check_positive_int("capture_after", capture_after)
         if keras.backend.backend() != "torch":
             raise ValueError(
                 f"CapturedTrainStep runs on the PyTorch backend. Received: KERAS_BACKEND={keras.backend.backend()!r}"
             )
         self.model = model
         self.compiler = compiler
+        self.capture_after = capture_after
         self._graphs = {}
+        self._batches_seen = collections.Counter()
+        self._variables = []
         self.captures = 0
 
     def _capture(self, x, y):
@@ -120,12 +132,19 @@ class CapturedTrainStep:
         if sample_weight is not None or y is None:
             return None  # the caller runs Keras' own step
         x, y = _as_tensors(x), _as_tensors(y)
+        trainable_variables = model.trainable_variables
+        non_trainable_variables = model.non_trainable_variables
+        variables = trainable_variables + non_trainable_variables
+        if len(variables) != len(self._variables) or any(a is not b for a, b in zip(variables, self._variables)):
+            self._graphs.clear()
+            self._variables = variables
         key = _shape_key(x, y)
         graph = self._graphs.get(key)
         if graph is None:
+            self._batches_seen[key] += 1
+            if self._batches_seen[key] < self.capture_after:
+                return None  # the caller runs Keras' own step
             graph = self._graphs[key] = self._capture(x, y)
-        trainable_variables = model.trainable_variables
-        non_trainable_variables = model.non_trainable_variables
         model.zero_grad()
         loss, y_pred, non_trainable = graph(
             [v.value for v in trainable_variables], [v.value for v in non_trainable_variables], x, y

@@ -1,0 +1,206 @@
+"""The PyTorch backend's training step against plain PyTorch of the same shape, on this CPU.
+
+Times full training steps (forward, backward, Adam) of one model shape, interleaved round
+by round so that every variant sees the same background load, and reports each variant's
+best round in ms a step and its ratio to plain PyTorch's eager step:
+
+- `torch_eager`: `torch.nn.Transformer` between tied embeddings, its own Adam and
+  cross-entropy (`bench/peers.py:make_torch_peer`);
+- `torch_compiled`: the same model and step under `torch.compile` (inductor);
+- `ours_keras_eager`: ours through Keras' eager PyTorch step (`jit_compile=False`);
+- `ours_default`: ours with `compile_transformer`'s default `jit_compile="auto"`;
+- `ours_captured`: ours through `CapturedTrainStep` without inductor (the captured graph
+  run as it is: what is left once Keras' per-layer Python is gone);
+- `ours_compiled`: ours with `jit_compile=True` (the captured graph compiled by inductor).
+
+It also profiles Keras' eager step by where its time goes (`--profile`): the top
+operators and Python frames of `torch.profiler` for `ours_keras_eager`.
+
+Usage:
+
+    .venv/bin/python bench/torch_step.py                       # batch 8 and 64, length 16
+    .venv/bin/python bench/torch_step.py --batches 8 --rounds 3 --profile
+
+Writes bench/results/torch_step.json and torch_step.png (ms a step per variant).
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+os.environ["KERAS_BACKEND"] = "torch"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import machine  # noqa: E402
+
+VARIANTS = ("torch_eager", "torch_compiled", "ours_keras_eager", "ours_default", "ours_captured", "ours_compiled")
+VOCAB = 1000
+LENGTH = 16
+
+
+def _config(args):
+    import keras_transformer as kt
+
+    return kt.TransformerConfig.from_preset("tiny", vocab_size=args.vocab)  # d_model 64, 2+2 layers
+
+
+def _batch(config, batch, length, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = lambda: rng.integers(4, config.vocab_size, (batch, length)).astype("int32")  # noqa: E731
+    return ids(), ids(), ids()
+
+
+def _ours(config, variant, source, decoder, labels):
+    """A `run(steps)` for one of our variants, warmed up (captured, compiled)."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.train.compile import compile_transformer
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    keras.utils.set_random_seed(0)
+    model = kt.Transformer(config)
+    jit_compile = {"ours_keras_eager": False, "ours_default": "auto", "ours_compiled": True}.get(variant, False)
+    compile_transformer(model, jit_compile=jit_compile)
+    if variant == "ours_captured":
+        model._captured_train_step = CapturedTrainStep(model, compiler=None)
+    x = {"encoder_inputs": keras.ops.convert_to_tensor(source), "decoder_inputs": keras.ops.convert_to_tensor(decoder)}
+    y = keras.ops.convert_to_tensor(labels)
+
+    def run(steps):
+        for _ in range(steps):
+            logs = model.train_on_batch(x, y)
+        return logs
+
+    return run, model
+
+
+def _plain_torch(config, variant, source, decoder, labels):
+    import torch
+
+    from bench.peers import make_torch_peer
+
+    torch.manual_seed(0)
+    model, step = make_torch_peer(config)
+    if variant == "torch_compiled":
+        step = torch.compile(step)
+    source, decoder, labels = (torch.from_numpy(a).long() for a in (source, decoder, labels))
+
+    def run(steps):
+        for _ in range(steps):
+            loss = step(source, decoder, labels)
+        return float(loss)
+
+    return run, model
+
+
+def measure(config, batch, variants, rounds, steps):
+    """`{variant: {"ms": best ms a step, "warm_up_s": first-call seconds}}` for one batch size."""
+    source, decoder, labels = _batch(config, batch, LENGTH)
+    runners, results = {}, {}
+    for variant in variants:
+        make = _plain_torch if variant.startswith("torch") else _ours
+        runner, _ = make(config, variant, source, decoder, labels)
+        start = time.perf_counter()
+        runner(2)  # capture / compile, then one step
+        results[variant] = {"warm_up_s": round(time.perf_counter() - start, 2), "rounds_ms": []}
+        runners[variant] = runner
+        print(f"  batch {batch}: {variant} warm-up {results[variant]['warm_up_s']} s", flush=True)
+    for _ in range(rounds):  # interleaved: each variant once per round
+        for variant, runner in runners.items():
+            start = time.perf_counter()
+            runner(steps)
+            results[variant]["rounds_ms"].append(round((time.perf_counter() - start) / steps * 1000, 3))
+    for variant, entry in results.items():
+        entry["ms"] = min(entry["rounds_ms"])
+    eager = results.get("torch_eager", {}).get("ms")
+    compiled = results.get("torch_compiled", {}).get("ms")
+    for entry in results.values():
+        if eager:
+            entry["vs_torch_eager"] = round(entry["ms"] / eager, 3)
+        if compiled:
+            entry["vs_torch_compiled"] = round(entry["ms"] / compiled, 3)
+    return results
+
+
+def profile_keras_eager(config, batch, steps=10, top=15):
+    """Where Keras' eager PyTorch step spends its time: the top operators by self CPU time."""
+    import torch
+
+    source, decoder, labels = _batch(config, batch, LENGTH)
+    run, _ = _ours(config, "ours_keras_eager", source, decoder, labels)
+    run(2)
+    start = time.perf_counter()
+    run(steps)
+    wall_ms = (time.perf_counter() - start) / steps * 1000
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        run(steps)
+    events = profiler.key_averages()
+    op_ms = sum(event.self_cpu_time_total for event in events) / 1000 / steps
+    rows = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "step_ms": round(wall_ms, 3),
+        "aten_ops_ms": round(op_ms, 3),  # time inside torch operators
+        "python_ms": round(wall_ms - op_ms, 3),  # the rest: Keras' and our Python around them
+        "top_ops": [
+            {"op": event.key, "calls_per_step": event.count // steps, "ms_per_step": round(event.self_cpu_time_total / 1000 / steps, 3)}
+            for event in rows
+        ],
+    }
+
+
+def _plot(payload, path):
+    groups = [f"batch {batch}" for batch in payload["batches"]]
+    series = {
+        variant: [payload["batches"][batch][variant]["ms"] for batch in payload["batches"]]
+        for variant in payload["variants"]
+    }
+    machine.grouped_bar_chart(
+        path,
+        "PyTorch training step: ours against plain PyTorch (lower is better)",
+        "ms a step (best round)",
+        groups,
+        series,
+        note=f"{payload['machine']['cpu_model']}; tiny model (d_model 64, 2+2 layers), length {LENGTH}, float32",
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="8,64", help="comma-separated batch sizes (sentences)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {VARIANTS}")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per variant (best counts)")
+    parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument("--profile", action="store_true", help="also profile Keras' eager step")
+    parser.add_argument("--output", default=str(machine.RESULTS_DIR / "torch_step.json"))
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(machine.usable_cores())
+    config = _config(args)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
+    payload = {"machine": machine.machine_info(), "variants": variants, "length": LENGTH, "batches": {}}
+    for batch in (int(b) for b in args.batches.split(",")):
+        payload["batches"][batch] = measure(config, batch, variants, args.rounds, args.steps)
+        for variant, entry in payload["batches"][batch].items():
+            ratio = entry.get("vs_torch_eager")
+            print(f"batch {batch}: {variant:18s} {entry['ms']:8.2f} ms  x{ratio} of torch eager", flush=True)
+    if args.profile:
+        payload["profile_keras_eager"] = profile_keras_eager(config, int(args.batches.split(",")[0]))
+        print(payload["profile_keras_eager"])
+    output = pathlib.Path(args.output)
+    machine.write_json(output, payload)
+    _plot(payload, output.with_suffix(".png"))
+    print(f"wrote {output} and {output.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
