@@ -581,42 +581,15 @@ def default_callbacks(
     """
     model_dir = os.fspath(model_dir)
     os.makedirs(model_dir, exist_ok=True)  # CSVLogger opens its file before any epoch
-    if validation_pairs is not None and tokenizer is None:
-        raise ValueError("`tokenizer` is required with `validation_pairs`. Received: tokenizer=None")
-    checks.check_non_negative_int("early_stopping_patience", early_stopping_patience)
-    if early_stopping_patience and early_stopping_monitor == "val_bleu" and not (
-        validation_pairs and bleu_every_epochs
-    ):
-        raise ValueError(
-            "early_stopping_monitor='val_bleu' needs the BLEU callback: validation pairs and "
-            f"bleu_every_epochs > 0. Received: bleu_every_epochs={bleu_every_epochs}, "
-            f"{len(validation_pairs or [])} validation pairs"
-        )
-    callbacks = []
-    if max_train_seconds:
-        callbacks.append(TimeBudget(max_train_seconds))
+    _check_callback_arguments(
+        validation_pairs, tokenizer, bleu_every_epochs, early_stopping_patience, early_stopping_monitor
+    )
+    callbacks = [TimeBudget(max_train_seconds)] if max_train_seconds else []
     callbacks += [StopOnNaN(), LearningRateLogger()]
     if validation_pairs:
-        if bleu_every_epochs:
-            callbacks.append(
-                BleuCallback(
-                    validation_pairs,
-                    tokenizer,
-                    bleu_every_epochs,
-                    num_samples=bleu_samples,
-                    jit_compile=jit_compile,
-                )
-            )
-        if sample_translations:
-            callbacks.append(
-                SampleTranslations(
-                    validation_pairs,
-                    tokenizer,
-                    max(bleu_every_epochs, 1),
-                    num_samples=sample_translations,
-                    jit_compile=jit_compile,
-                )
-            )
+        callbacks += _validation_callbacks(
+            validation_pairs, tokenizer, bleu_every_epochs, bleu_samples, sample_translations, jit_compile
+        )
     if keep_checkpoints:
         callbacks.append(
             KeepLastCheckpoints(
@@ -626,7 +599,7 @@ def default_callbacks(
             )
         )
     backup_dir = os.path.join(model_dir, model_directory.BACKUP_DIR)
-    resuming = os.path.isdir(backup_dir)
+    resuming = os.path.isdir(backup_dir)  # before any callback writes there
     if early_stopping_patience:
         # Before BackupAndRestore: the early-stopping state is written first, never behind.
         callbacks.append(
@@ -641,15 +614,50 @@ def default_callbacks(
     # Keras rewrites backup/latest.weights.h5 in place; with double_checkpoint it keeps
     # the previous one and falls back to it when a kill mid-write left the latest unreadable.
     callbacks.append(keras.callbacks.BackupAndRestore(backup_dir, double_checkpoint=True))
-    callbacks.append(
-        keras.callbacks.CSVLogger(
-            os.path.join(model_dir, model_directory.CSV_LOG_FILE), append=resuming
+    return callbacks + _log_callbacks(model_dir, resuming, tensorboard)
+
+
+def _check_callback_arguments(validation_pairs, tokenizer, bleu_every_epochs, patience, monitor):
+    """Refuses validation pairs without a tokenizer, and early stopping on a BLEU nobody computes."""
+    if validation_pairs is not None and tokenizer is None:
+        raise ValueError("`tokenizer` is required with `validation_pairs`. Received: tokenizer=None")
+    checks.check_non_negative_int("early_stopping_patience", patience)
+    if patience and monitor == "val_bleu" and not (validation_pairs and bleu_every_epochs):
+        raise ValueError(
+            "early_stopping_monitor='val_bleu' needs the BLEU callback: validation pairs and "
+            f"bleu_every_epochs > 0. Received: bleu_every_epochs={bleu_every_epochs}, "
+            f"{len(validation_pairs or [])} validation pairs"
         )
-    )
-    if tensorboard and _tensorboard_installed():
+
+
+def _validation_callbacks(validation_pairs, tokenizer, bleu_every_epochs, bleu_samples, sample_translations,
+                          jit_compile):
+    """`BleuCallback` and `SampleTranslations` over the validation pairs, those whose counts are > 0."""
+    callbacks = []
+    if bleu_every_epochs:
         callbacks.append(
-            keras.callbacks.TensorBoard(os.path.join(model_dir, model_directory.TENSORBOARD_DIR))
+            BleuCallback(
+                validation_pairs, tokenizer, bleu_every_epochs, num_samples=bleu_samples, jit_compile=jit_compile
+            )
         )
+    if sample_translations:
+        callbacks.append(
+            SampleTranslations(
+                validation_pairs,
+                tokenizer,
+                max(bleu_every_epochs, 1),
+                num_samples=sample_translations,
+                jit_compile=jit_compile,
+            )
+        )
+    return callbacks
+
+
+def _log_callbacks(model_dir, resuming, tensorboard):
+    """`CSVLogger` (appended to when `resuming`) and, if asked and installed, `TensorBoard`."""
+    callbacks = [keras.callbacks.CSVLogger(os.path.join(model_dir, model_directory.CSV_LOG_FILE), append=resuming)]
+    if tensorboard and _tensorboard_installed():
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, model_directory.TENSORBOARD_DIR)))
     return callbacks
 
 

@@ -138,13 +138,7 @@ def run_training(run_config, *, print_fn=print):
         distribute.select_strategy(run_config.strategy or None)
     chief = distribute.is_chief()
     with exclusive_use(run_config.model_dir) if chief else contextlib.nullcontext():
-        if chief:
-            recover_interrupted_swap(run_config.model_dir, print_fn)
-            plan = plan_model_directory(run_config)
-            print_fn(describe_plan(plan, run_config))
-        else:  # every worker runs the callbacks, but only the chief's files are kept
-            scratch = tempfile.mkdtemp(prefix="keras_transformer_worker_")
-            plan = RunDirectory(target=scratch, staging=scratch)
+        plan = _plan_run(run_config, chief, print_fn)
         keras.utils.set_random_seed(run_config.seed)
         splits = _timed(print_fn, "corpus", lambda: load_corpus(run_config))
         tokenizer = _timed(
@@ -156,29 +150,68 @@ def run_training(run_config, *, print_fn=print):
             run_config, config, splits, tokenizer, completed_epochs=backed_up_epochs(backup) if plan.resuming else 0,
             print_fn=print_fn,
         )
-        # Build, compile and fit in the scope: tf.distribute places variables as they
-        # are made, and keras.distribution (JAX) is set for the scope's duration only.
-        with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
-            replicas = distribute.num_replicas(engine)
-            model = build_and_compile(run_config, config)
-            # Everything is checked: from here on the run writes, in plan.staging.
-            stage_run(plan, run_config, config, tokenizer, print_fn)
-            callbacks = _run_callbacks(run_config, plan.staging, splits, tokenizer, print_fn)
-            target_tokens = datasets.target_tokens or _target_tokens(tokenizer, splits["train"])
-            tokens_per_step = target_tokens / max(datasets.train_stats.num_batches, 1)
-            _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
-            history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
-        saved = save_outputs(model, plan.staging, print_fn)
-        if saved:
-            model_dir = finish_run(plan, tokenizer, print_fn)
-        else:  # non-finite weights and no checkpoint: nothing to resume from either
-            model_dir = plan.staging
-            shutil.rmtree(os.path.join(plan.staging, model_directory.BACKUP_DIR), ignore_errors=True)
-            if not plan.in_place:
-                print_fn(f"{plan.target} is left as it was; this run's logs are in {plan.staging}")
+        fitted = _build_and_fit(run_config, plan, config, tokenizer, splits, datasets, print_fn)
+        model_dir = _save_run(fitted.model, plan, tokenizer, print_fn)
+    return _training_result(run_config, model_dir, tokenizer, datasets, fitted, print_fn)
+
+
+@dataclasses.dataclass
+class _Fitted:
+    """What `_build_and_fit` trained: the model, its callbacks and what `fit` measured."""
+
+    model: object
+    callbacks: list
+    history: object
+    seconds: float
+    steps: int  # optimizer updates
+    tokens_per_step: float  # real target tokens per batch, estimated
+
+
+def _plan_run(run_config, chief, print_fn):
+    """The chief's `RunDirectory` (an interrupted swap completed first); a worker's scratch one."""
+    if not chief:  # every worker runs the callbacks, but only the chief's files are kept
+        scratch = tempfile.mkdtemp(prefix="keras_transformer_worker_")
+        return RunDirectory(target=scratch, staging=scratch)
+    recover_interrupted_swap(run_config.model_dir, print_fn)
+    plan = plan_model_directory(run_config)
+    print_fn(describe_plan(plan, run_config))
+    return plan
+
+
+def _build_and_fit(run_config, plan, config, tokenizer, splits, datasets, print_fn):
+    """Builds, compiles, stages the run and fits, in the distribution scope; returns `_Fitted`."""
+    # Build, compile and fit in the scope: tf.distribute places variables as they
+    # are made, and keras.distribution (JAX) is set for the scope's duration only.
+    with distribute.distribution_scope(run_config.strategy or None, config=config) as engine:
+        replicas = distribute.num_replicas(engine)
+        model = build_and_compile(run_config, config)
+        # Everything is checked: from here on the run writes, in plan.staging.
+        stage_run(plan, run_config, config, tokenizer, print_fn)
+        callbacks = _run_callbacks(run_config, plan.staging, splits, tokenizer, print_fn)
+        target_tokens = datasets.target_tokens or _target_tokens(tokenizer, splits["train"])
+        tokens_per_step = target_tokens / max(datasets.train_stats.num_batches, 1)
+        _print_summary(print_fn, run_config, config, model, replicas, datasets.train_stats, tokens_per_step)
+        history, seconds, steps = fit(model, run_config, datasets, callbacks, replicas)
+    return _Fitted(model, callbacks, history, seconds, steps, tokens_per_step)
+
+
+def _save_run(model, plan, tokenizer, print_fn):
+    """Saves the outputs and renames the staging directory into place; returns where the run is."""
+    if save_outputs(model, plan.staging, print_fn):
+        return finish_run(plan, tokenizer, print_fn)
+    # Non-finite weights and no checkpoint: nothing to resume from either.
+    shutil.rmtree(os.path.join(plan.staging, model_directory.BACKUP_DIR), ignore_errors=True)
+    if not plan.in_place:
+        print_fn(f"{plan.target} is left as it was; this run's logs are in {plan.staging}")
+    return plan.staging
+
+
+def _training_result(run_config, model_dir, tokenizer, datasets, fitted, print_fn):
+    """The `TrainingResult`, with its closing lines printed: the best epoch, the speed."""
+    callbacks, seconds, steps = fitted.callbacks, fitted.seconds, fitted.steps
     # `steps` counts updates; with gradient accumulation each one read N batches.
     batches = steps * run_config.training_config().gradient_accumulation_steps
-    tokens_per_second = batches * tokens_per_step / seconds if seconds else float("nan")
+    tokens_per_second = batches * fitted.tokens_per_step / seconds if seconds else float("nan")
     stopped = any(isinstance(c, TimeBudget) and c.stopped_early for c in callbacks)
     early = [c for c in callbacks if isinstance(c, ResumableEarlyStopping)]
     best_epoch = early[0].best_epoch + 1 if early and early[0].best is not None else None
@@ -196,9 +229,9 @@ def run_training(run_config, *, print_fn=print):
     )
     return TrainingResult(
         model_dir=model_dir,
-        model=model,
+        model=fitted.model,
         tokenizer=tokenizer,
-        history=history,
+        history=fitted.history,
         train_seconds=seconds,
         steps=steps,
         target_tokens_per_second=tokens_per_second,
