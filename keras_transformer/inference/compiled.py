@@ -8,9 +8,10 @@
 - JAX: `jax.jit` of a pure function that takes the model's variable values as
   arguments and maps them onto the variables with `keras.StatelessScope`, so weights are
   inputs of the compiled program, not constants baked into it, and updates are seen.
-- PyTorch: eager under `torch.no_grad()`. `keras.ops.while_loop` is a Python loop on
-  this backend, and `torch.compile` would unroll or graph-break on it at every step; the
-  per-step work is already a handful of fused kernels, so compiling is not worth it.
+- PyTorch: the loop runs in Python under `torch.no_grad()` (`keras.ops.while_loop` is a
+  Python loop on this backend), and the model's `decode_step`, where the time goes, runs
+  as a graph captured once per shape (`inference.torch_decode_step`) instead of through
+  the Keras layers' Python; `jit_compile=False` keeps it eager.
 
 A `CompiledDecoder` traces once per distinct `[B, S]` input shape (plus dtype), so
 batches bucketed to the same shape reuse one compiled program; `trace_count` counts
@@ -58,7 +59,8 @@ class CompiledDecoder:
         model: a `keras_transformer.Transformer`, or an `inference.ensemble.Ensemble`.
         method: "beam" (default), "greedy", "greedy_uncached" or "sample".
         jit_compile: bool. On TensorFlow, compile with XLA (default True); False runs a
-            plain `tf.function` graph. Ignored on the other backends.
+            plain `tf.function` graph. On PyTorch, True (default) runs the decoder step
+            as a captured graph, False eagerly. Ignored on JAX.
         **decode_kwargs: passed to the decoding function (`beam_size`, `alpha`,
             `max_length`, `max_extra`, `return_all_beams`; `temperature`, `top_k`,
             `top_p` for "sample").
@@ -142,13 +144,18 @@ class CompiledDecoder:
         return lambda encoder_inputs, inputs: jitted([v.value for v in variables], encoder_inputs, inputs)
 
     def _build_torch(self, variables):
-        # Eager: every call reads the variables as they are.
-        del variables
+        # Every call reads the variables as they are (the captured step takes them as inputs).
         import torch
+
+        model = self.model
+        if self.jit_compile:
+            from keras_transformer.inference.torch_decode_step import CapturedDecodeSteps
+
+            model = self.captured_steps = CapturedDecodeSteps(self.model, variables)
 
         def run(encoder_inputs, inputs):
             with torch.no_grad():
-                return self._decode(encoder_inputs, inputs)
+                return _METHODS[self.method](model, encoder_inputs, **inputs, **self.decode_kwargs)
 
         return run
 

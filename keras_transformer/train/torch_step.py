@@ -26,40 +26,7 @@ import keras
 import torch
 
 from keras_transformer import checks
-
-# Graph nodes that are no-ops at run time: Keras' `convert_to_tensor` records a dtype
-# assertion and a same-dtype `.to` for each tensor it touches (the tiny model's graph has
-# 1,706 nodes before this pass, 549 after).
-_ASSERT_OPS = (torch.ops.aten._assert_tensor_metadata.default,)
-_TO_OPS = (torch.ops.aten.to.dtype_layout, torch.ops.aten.to.dtype, torch.ops.aten.to.device)
-
-
-def _is_noop_to(node):
-    """True for a `.to` node whose output has its input's dtype, device and layout."""
-    source = node.args[0]
-    if not isinstance(source, torch.fx.Node):
-        return False
-    before, after = source.meta.get("val"), node.meta.get("val")
-    if before is None or after is None:
-        return False
-    return before.dtype == after.dtype and before.device == after.device and before.layout == after.layout
-
-
-def strip_noop_nodes(graph_module):
-    """Removes dtype assertions and same-dtype casts from `graph_module`; returns it."""
-    graph = graph_module.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function":
-            continue
-        if node.target in _ASSERT_OPS:
-            graph.erase_node(node)
-        elif node.target in _TO_OPS and _is_noop_to(node):
-            node.replace_all_uses_with(node.args[0])
-            graph.erase_node(node)
-    graph.eliminate_dead_code()
-    graph_module.recompile()
-    return graph_module
-
+from keras_transformer.torch_capture import capture
 
 class _ForwardAndLoss(torch.nn.Module):
     """`(weights, batch) -> (loss, logits, non-trainable values)`: what `torch.export` traces."""
@@ -116,11 +83,7 @@ class CapturedTrainStep:
         model = self.model
         trainable = [v.value for v in model.trainable_variables]
         non_trainable = [v.value for v in model.non_trainable_variables]
-        with checks.no_host_reads():
-            program = torch.export.export(
-                _ForwardAndLoss(model), (trainable, non_trainable, x, y), strict=False
-            )
-        graph = strip_noop_nodes(program.module())
+        graph = capture(_ForwardAndLoss(model), (trainable, non_trainable, x, y))
         self.captures += 1
         if self.compiler is not None:
             graph = torch.compile(graph, backend=self.compiler, dynamic=False)

@@ -1,0 +1,88 @@
+"""PyTorch decoding: the model's `decode_step` captured once per shape and run as a graph.
+
+On PyTorch `keras.ops.while_loop` is a Python loop, so every decoding step runs the
+decoder's Keras layers eagerly: their Python (`Layer.__call__`, dtype policies, name
+scopes), not the arithmetic, is most of a step at decoding's small batches. As for
+training (`train.torch_step`), `torch.export` in its non-strict mode runs that Python
+once with fake tensors and records the aten ops of `decode_step` as a pure function of
+the weights, the token ids, the step index and the caches; later steps run that graph.
+The index is an input, so one graph serves every step of every search of that shape.
+
+`CapturedDecodeSteps(model)` stands in for the model inside the search: it answers
+`decode_step` from the graphs and passes every other attribute (`encode`,
+`initial_cache`, `config`) to the model. A shape is captured at its `capture_after`-th
+step, so a search of a few steps never pays for a capture.
+"""
+
+import collections
+
+import keras
+import torch
+
+from keras_transformer import checks
+from keras_transformer.torch_capture import capture
+
+# Steps of one shape run eagerly before that shape is captured: a capture takes about
+# as long as a few dozen eager steps of the tiny model (bench/decode.py, PyTorch rows).
+CAPTURE_AFTER = 8
+
+
+class _DecodeStep(torch.nn.Module):
+    """`(weights, ids, index, caches, mask) -> decode_step(...)`: what `torch.export` traces."""
+
+    def __init__(self, model, variables):
+        super().__init__()
+        self._model = [model]  # in a list: its parameters are not this module's
+        self._variables = variables
+
+    def forward(self, values, token_ids, index, self_caches, cross_caches, encoder_padding_mask):
+        with keras.StatelessScope(state_mapping=list(zip(self._variables, values))):
+            return self._model[0].decode_step(token_ids, index, self_caches, cross_caches, encoder_padding_mask)
+
+
+def _key(*tensors):
+    return tuple((tuple(t.shape), str(t.dtype)) for t in keras.tree.flatten(tensors))
+
+
+class CapturedDecodeSteps:
+    """A model whose `decode_step` runs as a captured graph per input shape.
+
+    Args:
+        model: a `keras_transformer.Transformer` on the PyTorch backend.
+        variables: the model's variables, as the caller compared them (their values are
+            read at every step, so weight updates are seen).
+        capture_after: int >= 1, the step of a shape at which it is captured.
+
+    Attributes:
+        captures: int, how many shapes were captured.
+    """
+
+    def __init__(self, model, variables, capture_after=CAPTURE_AFTER):
+        checks.check_positive_int("capture_after", capture_after)
+        self._model = model
+        self._variables = list(variables)
+        self.capture_after = capture_after
+        self._graphs = {}
+        self._steps_seen = collections.Counter()
+        self.captures = 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_padding_mask, return_states=False):
+        arguments = (token_ids, index, self_caches, cross_caches, encoder_padding_mask)
+        if return_states:  # the attention maps' path, not a search's: eager
+            return self._model.decode_step(*arguments, return_states=True)
+        key = _key(*arguments)
+        graph = self._graphs.get(key)
+        if graph is None:
+            self._steps_seen[key] += 1
+            if self._steps_seen[key] < self.capture_after:
+                return self._model.decode_step(*arguments)
+            graph = self._graphs[key] = self._capture(arguments)
+        return graph([v.value for v in self._variables], *arguments)
+
+    def _capture(self, arguments):
+        values = [v.value for v in self._variables]
+        self.captures += 1
+        return capture(_DecodeStep(self._model, self._variables), (values, *arguments))
