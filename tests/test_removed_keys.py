@@ -36,6 +36,15 @@ def test_a_removed_top_level_key_is_an_error_saying_it_was_removed(tmp_path):
         RunConfig().with_overrides(["late_dropout_start=0.5"])
 
 
+def test_the_memory_keys_are_refused_with_the_reason(tmp_path):
+    path = write_config(tmp_path, {"eval_memory_weight": 0.7, "eval_memory_neighbors": 32})
+    with refused(
+        f"{path}: `eval_memory_weight` was removed in keras-transformer 0.4 (the kNN translation memory "
+        "did not beat the run-to-run spread); delete it from the config. Received: eval_memory_weight=0.7"
+    ):
+        RunConfig.from_toml(path)
+
+
 def test_a_removed_training_key_is_an_error_saying_it_was_removed(tmp_path):
     path = write_config(tmp_path, {"training.rdrop_alpha": 5.0})
     with refused(
