@@ -1,7 +1,7 @@
 """The run-config keys that 0.4 removed, each with the reason, and the check that names them.
 
 keras-transformer 0.4 removed the options that the project's own benchmarks said lost
-(the docs keep the record of what was tried). A 0.3 run config that still asks for one gets an
+(docs/what_we_tried.md keeps each result). A 0.3 run config that still asks for one gets an
 error that says so, instead of "unknown key". A removed key at its 0.3 default asks for
 nothing that was removed (every 0.3 model directory's `config.toml` lists every key):
 it is dropped, with a warning.
@@ -11,8 +11,8 @@ import warnings
 
 REMOVED_IN = "0.4"
 
-# "key" or "table.key" -> (its 0.3 default, why it went, in a few words).
 _MEMORY = "the kNN translation memory did not beat the run-to-run spread"
+# "key" or "table.key" -> (its 0.3 default, why it went, in a few words).
 REMOVED_KEYS = {
     "bidirectional_steps": (0, "bidirectional training scored val 39.23 against 39.57 without it"),
     "late_dropout_start": (0.0, "late dropout scored val 35.79 against 36.27 without it"),
