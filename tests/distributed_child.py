@@ -214,6 +214,38 @@ def run_multi_worker():
     }
 
 
+def run_multi_worker_corpus():
+    """One worker of a TF_CONFIG cluster, training on its rows of a binarized corpus's batches.
+
+    `CORPUS_DIR` holds the corpus (written by the test); each worker gathers only the rows
+    `worker_shard()` gives it, and the strategy all-reduces the step over both workers.
+    """
+    from keras_transformer import distribute
+
+    early = distribute.select_strategy("auto")  # before TensorFlow runs an op
+    from keras_transformer.data.binarized import open_binarized
+    from keras_transformer.data.index_batches import IndexBatches, distributed_dataset
+
+    corpus = open_binarized(os.environ["CORPUS_DIR"])
+    shards = []
+
+    def make_batches(shard):
+        shards.append(shard)
+        return IndexBatches(corpus, max_length=8, tokens_per_batch=32, shard=shard)
+
+    data = distributed_dataset(early, make_batches)
+    losses, engine, _ = fit_losses("auto", data=data)
+    shard = shards[0]  # one input pipeline in this worker
+    rows = [make_batches(shard).batch(step)[0]["encoder_inputs"].tolist() for step in range(STEPS)]
+    return {
+        "losses": losses,
+        "rows": rows,
+        "shard": [shard.index, shard.count],
+        "replicas": distribute.num_replicas(engine),
+        "same_engine": engine is early,
+    }
+
+
 def run_jax():
     """Two host devices: DataParallel and ModelParallel (the test compares one device)."""
     import keras
@@ -254,5 +286,7 @@ def run_jax():
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    result = {"mirrored": run_mirrored, "multi_worker": run_multi_worker, "jax": run_jax}[mode]()
+    modes = {"mirrored": run_mirrored, "multi_worker": run_multi_worker, "jax": run_jax,
+             "multi_worker_corpus": run_multi_worker_corpus}
+    result = modes[mode]()
     print(json.dumps(result), flush=True)

@@ -303,6 +303,53 @@ def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
     assert (tmp_path / "chief" / "model.weights.h5").exists()
 
 
+@pytest.mark.slow  # two TensorFlow workers, as the test above
+@tensorflow_only
+def test_multi_worker_workers_read_their_own_rows_of_a_binarized_corpus(tmp_path):
+    from keras_transformer.data.binarized import write_binarized
+    from keras_transformer.data.index_batches import IndexBatches
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    rng = np.random.default_rng(0)
+    words = "ein zwei drei vier haus katze hund baum".split()
+    pairs = [(" ".join(rng.choice(words, 1 + i % 4)), " ".join(rng.choice(words, 1 + i % 3))) for i in range(60)]
+    tokenizer = train_tokenizer([side for pair in pairs for side in pair], 24)  # ids below the model's 32
+    corpus = write_binarized(pairs, tokenizer, str(tmp_path / "corpus"), progress=False)
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    workers = []
+    try:
+        for index in range(2):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            env = child_env("tensorflow", TF_CONFIG=tf_config, CORPUS_DIR=corpus.directory)
+            workers.append(subprocess.Popen(
+                [sys.executable, str(CHILD), "multi_worker_corpus"], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ))
+        # One device on the whole batches, computed here while the workers train.
+        whole = IndexBatches(corpus, max_length=8, tokens_per_batch=32)
+        reference, _, _ = distributed_child.fit_losses("default", data=whole.dataset())
+        outputs = [worker.communicate(timeout=CHILD_TIMEOUT_S) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    for worker, (_, stderr) in zip(workers, outputs):
+        assert worker.returncode == 0, stderr[-6000:]
+    results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    assert [result["shard"] for result in results] == [[0, 2], [1, 2]]
+    for step in range(distributed_child.STEPS):
+        shares = [[tuple(row) for row in result["rows"][step] if any(row)] for result in results]
+        assert not set(shares[0]) & set(shares[1])  # disjoint
+        full = [tuple(row) for row in whole.batch(step)[0]["encoder_inputs"]]
+        assert sorted(shares[0] + shares[1]) == sorted(full)  # together, the whole batch
+    for result in results:
+        assert result["replicas"] == 2 and result["same_engine"]
+        # The step is the one device's on the whole batch: the loss is the mean over both shares.
+        np.testing.assert_allclose(result["losses"], reference, rtol=LOSS_RTOL)
+
+
 @pytest.mark.slow  # ~45 s of CPU in the child (three XLA compilations), more under load
 @pytest.mark.skipif(BACKEND != "jax", reason="runs in the jax session")
 def test_jax_data_and_model_parallel_over_two_host_devices_match_one_device():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.data.binarized import open_binarized, write_binarized
-from keras_transformer.data.index_batches import IndexBatches, Shard, worker_shard
+from keras_transformer.data.index_batches import IndexBatches, Shard
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
 from keras_transformer.data.tokenizer import train_tokenizer
@@ -117,18 +117,16 @@ def test_two_workers_read_disjoint_shares_that_cover_each_batch(corpus):
             assert (labels[empty] == PAD_ID).all() and (inputs["decoder_inputs"][empty] == PAD_ID).all()
 
 
-@pytest.mark.parametrize(
-    "tf_config,shard",
-    [
-        (None, Shard(0, 1)),
-        ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 1}}, Shard(1, 2)),
-        ({"cluster": {"chief": ["c"], "worker": ["a", "b"]}, "task": {"type": "worker", "index": 0}}, Shard(1, 3)),
-        ({"cluster": {"chief": ["c"], "worker": ["a"]}, "task": {"type": "chief", "index": 0}}, Shard(0, 2)),
-    ],
-)
-def test_worker_shard_reads_tf_config(monkeypatch, tf_config, shard):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert worker_shard(tf_config or {}) == shard
+def test_a_workers_devices_get_its_rows_in_parts(corpus):
+    """A worker of two with two devices hands each device a quarter of the rows, in order."""
+    settings = dict(max_length=12, tokens_per_batch=48, seed=1)
+    worker = IndexBatches(corpus, shard=Shard(1, 2), **settings)
+    parts = list(worker.batches(0, 2, replicas=2))
+    assert len(parts) == 4  # two steps, two devices each
+    for step in range(2):
+        for replica in range(2):
+            expected = IndexBatches(corpus, shard=Shard(2 + replica, 4), **settings).batch(step)
+            np.testing.assert_array_equal(parts[2 * step + replica][1], expected[1])
 
 
 def test_shard_refuses_an_index_outside_its_count():

@@ -15,16 +15,15 @@ binarized corpus (`data.binarized`), and an epoch is a plan of indices in numpy:
 - `Shard(index, count)`, one per worker of a multi-worker run: every worker plans the
   same global batches and gathers only its rows of each (rows `index::count`, topped up
   with all-padding rows that the loss ignores to the same row count on every worker),
-  so the workers' shares are disjoint, cover the batch, and step together.
+  so the workers' shares are disjoint, cover the batch, and step together
+  (`distributed_dataset`). The global batch is the same for any number of workers.
 
 Memory is the indices (about 12 bytes a pair: lengths, bucket members, one epoch's
 order) and the pages of the ids a batch touches; nothing holds the corpus.
 """
 
 import dataclasses
-import json
 import math
-import os
 
 import numpy as np
 
@@ -53,14 +52,26 @@ class Shard:
             )
 
 
-def worker_shard(tf_config=None):
-    """This process's `Shard` from `TF_CONFIG` (chief first, then the workers); one worker without it."""
-    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}") if tf_config is None else tf_config
-    cluster, task = tf_config.get("cluster") or {}, tf_config.get("task") or {}
-    tasks = [(kind, index) for kind in ("chief", "master", "worker") for index in range(len(cluster.get(kind, ())))]
-    if len(tasks) <= 1 or task.get("type") not in ("chief", "master", "worker"):
-        return Shard()
-    return Shard(tasks.index((task["type"], int(task.get("index", 0)))), len(tasks))
+def distributed_dataset(strategy, make_batches, start=0):
+    """The batches of a multi-worker `tf.distribute` strategy, each worker reading only its rows.
+
+    `strategy.distribute_datasets_from_function`: each worker's pipeline is made with its
+    `Shard` (from the input context) and hands its devices their parts of the rows, so no
+    worker gathers another's (`experimental_distribute_dataset` would have every worker
+    make every global batch and split it).
+
+    Args:
+        strategy: a `tf.distribute.Strategy` (several workers).
+        make_batches: callable from a `Shard` to an `IndexBatches` with that shard.
+        start: int, the global batch to start at.
+    """
+
+    def dataset_fn(context):
+        replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        shard = Shard(context.input_pipeline_id, context.num_input_pipelines)
+        return make_batches(shard).dataset(start, replicas=replicas)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 class IndexBatches:
@@ -128,18 +139,26 @@ class IndexBatches:
         order, starts, stops, buckets = self.epoch_plan(epoch)
         return order[starts[batch]:stops[batch]], self.boundaries[buckets[batch]]
 
-    def batch(self, step):
-        """Global batch `step`: this shard's `({"encoder_inputs", "decoder_inputs"}, labels)`, int32 numpy."""
-        pairs, length = self.batch_pairs(step)
-        rows = math.ceil(len(pairs) / self.shard.count)
-        own = pairs[self.shard.index::self.shard.count]
-        return self._gather(own, length, rows)
+    def batch(self, step, shard=None):
+        """Global batch `step`: the shard's `({"encoder_inputs", "decoder_inputs"}, labels)`, int32 numpy.
 
-    def batches(self, start=0, stop=None):
-        """Batches `start, start + 1, ...` (up to `stop`, else without end): epochs follow each other."""
+        `shard` defaults to this object's.
+        """
+        shard = shard or self.shard
+        pairs, length = self.batch_pairs(step)
+        rows = math.ceil(len(pairs) / shard.count)
+        return self._gather(pairs[shard.index::shard.count], length, rows)
+
+    def batches(self, start=0, stop=None, replicas=1):
+        """Batches `start, start + 1, ...` (up to `stop`, else without end): epochs follow each other.
+
+        With `replicas` R > 1 (a worker's devices, fed by `distributed_dataset`), each step
+        gives R parts of the shard's rows, one per device, in the devices' order.
+        """
         step = start
         while stop is None or step < stop:
-            yield self.batch(step)
+            for replica in range(replicas):
+                yield self.batch(step, Shard(self.shard.index * replicas + replica, self.shard.count * replicas))
             step += 1
 
     def _gather(self, pairs, length, rows):
@@ -161,19 +180,15 @@ class IndexBatches:
         encoder, decoder, labels = (np.pad(a, [(0, extra), (0, 0)]).astype(np.int32) for a in (encoder, decoder, labels))
         return {"encoder_inputs": encoder, "decoder_inputs": decoder}, labels
 
-    def dataset(self, start=0):
-        """An endless `tf.data.Dataset` of this shard's batches from global batch `start`."""
+    def dataset(self, start=0, replicas=1):
+        """An endless `tf.data.Dataset` of this shard's batches from global batch `start` (`replicas`: see `batches`)."""
         import tensorflow as tf
 
         spec = tf.TensorSpec([None, None], tf.int32)
         batches = tf.data.Dataset.from_generator(
-            lambda: self.batches(start),
+            lambda: self.batches(start, replicas=replicas),
             output_signature=({"encoder_inputs": spec, "decoder_inputs": spec}, spec),
         )
-        options = tf.data.Options()
-        # Each worker already reads only its rows: tf.distribute must not shard again.
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        batches = batches.with_options(options)
         batches = batches.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         return batches.prefetch(tf.data.AUTOTUNE)
 
@@ -185,4 +200,4 @@ def _padded(ids, offsets, pairs, length, first):
     return ids[np.minimum(positions, max(len(ids) - 1, 0))].astype(np.int32)
 
 
-__all__ = ["IndexBatches", "Shard", "worker_shard"]
+__all__ = ["IndexBatches", "Shard", "distributed_dataset"]

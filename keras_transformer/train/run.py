@@ -547,30 +547,46 @@ def _binarized_datasets(run_config, config, corpus, tokenizer, validation, compl
     `completed_epochs` Keras epochs starts at the batch after the last one trained, and
     reads nothing before it (`data.index_batches`).
     """
-    from keras_transformer.data.index_batches import IndexBatches, worker_shard
+    from keras_transformer.data.index_batches import IndexBatches, Shard, distributed_dataset
     from keras_transformer.data.text_corpus import binarized_corpus
 
     binarized = binarized_corpus(
         corpus, tokenizer, _binarized_dir(run_config), vocab_size=config.vocab_size, print_fn=print_fn, progress=run_config.verbose == 1
     )
-    batches = IndexBatches(
-        binarized, max_length=config.max_length, tokens_per_batch=run_config.tokens_per_batch,
-        bucket_boundaries=run_config.bucket_boundaries(config.max_length), seed=run_config.seed,
-        shard=worker_shard(),
-    )
+
+    def make_batches(shard):
+        return IndexBatches(
+            binarized, max_length=config.max_length, tokens_per_batch=run_config.tokens_per_batch,
+            bucket_boundaries=run_config.bucket_boundaries(config.max_length), seed=run_config.seed, shard=shard,
+        )
+
+    batches = make_batches(Shard())
     if batches.stats.kept == 0:
         raise ValueError(
             f"No pair fits max_length={config.max_length}: all {batches.stats.total} pairs are "
             "longer. Raise max_length or use overlong='truncate'."
         )
     steps_per_epoch = run_config.steps_per_epoch or batches.num_batches
+    start = completed_epochs * steps_per_epoch
+    strategy = _multi_worker_strategy(run_config)
     return Datasets(
-        train=batches.dataset(start=completed_epochs * steps_per_epoch),
+        # Several workers: each one's pipeline gathers only its rows of every global batch.
+        train=distributed_dataset(strategy, make_batches, start) if strategy else batches.dataset(start),
         validation=validation,
         train_stats=batches.stats,
         steps_per_epoch=steps_per_epoch,
         target_tokens=binarized.meta["target_tokens"] + binarized.num_pairs,
     )
+
+
+def _multi_worker_strategy(run_config):
+    """The run's `tf.distribute.MultiWorkerMirroredStrategy` on TensorFlow, else None."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    strategy = distribute.select_strategy(run_config.strategy or None)  # made first thing in run_training
+    return strategy if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) else None
 
 
 def _timed(print_fn, what, make):
