@@ -421,10 +421,37 @@ def make_dataset(
     tokenized = tokenize_pairs(string_pairs, tokenizer, vocab_size)
     if cache and not any(sampling):
         tokenized = tokenized.cache()
-    try:
-        stats = count_lengths(
-            tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong
+    stats = _counted(tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong, vocab_size)
+    if any(sampling):
+        # Repeated before sampling, not after batching: an epoch whose every pair was
+        # drawn over max_length would otherwise end the stream (tf.data's repeat stops
+        # at an empty pass). Each pair fits in its usual segmentation, which every draw
+        # can give, so the stream never runs dry.
+        tokenized = tokenize_pairs(string_pairs.repeat(), tokenizer, vocab_size, sampling)
+    examples = fit_to_length(tokenized, max_length, overlong)
+    if packing:
+        return _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size)
+    if shuffle:
+        examples = examples.shuffle(
+            shuffle_buffer_size or stats.kept, seed=seed, reshuffle_each_iteration=True
         )
+    examples = examples.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+    batches = batch_by_token_budget(examples, bucket_boundaries, tokens_per_batch)
+    if shuffle:
+        batches = _shuffled_batches(batches, stats, seed, batch_shuffle_buffer_size, endless=any(sampling))
+    if any(sampling):
+        # The number of batches changes with each epoch's segmentation: no cardinality
+        # to assert (the stream is endless), and the caller's steps_per_epoch says what
+        # an epoch is.
+        endless = batches.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+        return BatchedDataset(endless.prefetch(tf.data.AUTOTUNE), stats)
+    return _finished(batches, stats, repeat)
+
+
+def _counted(tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong, vocab_size):
+    """`count_lengths`, with an out-of-vocabulary id, no pairs, or no pair short enough refused."""
+    try:
+        stats = count_lengths(tokenized, max_length, bucket_boundaries, tokens_per_batch, overlong)
     except tf.errors.InvalidArgumentError as error:
         if OUT_OF_VOCABULARY not in error.message:
             raise
@@ -443,40 +470,21 @@ def make_dataset(
             f"No pair fits max_length={max_length}: all {stats.total} pairs are "
             "longer. Raise max_length or use overlong='truncate'."
         )
+    return stats
 
-    if any(sampling):
-        # Repeated before sampling, not after batching: an epoch whose every pair was
-        # drawn over max_length would otherwise end the stream (tf.data's repeat stops
-        # at an empty pass). Each pair fits in its usual segmentation, which every draw
-        # can give, so the stream never runs dry.
-        tokenized = tokenize_pairs(string_pairs.repeat(), tokenizer, vocab_size, sampling)
-    examples = fit_to_length(tokenized, max_length, overlong)
-    if packing:
-        return _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size)
-    if shuffle:
-        examples = examples.shuffle(
-            shuffle_buffer_size or stats.kept, seed=seed, reshuffle_each_iteration=True
-        )
-    examples = examples.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
-    batches = batch_by_token_budget(examples, bucket_boundaries, tokens_per_batch)
-    if shuffle:
-        # Bucketing emits batches in runs of similar length; mix them up again.
-        # The seed differs from the example shuffle's so the two are independent.
-        buffer = batch_shuffle_buffer_size
-        if any(sampling):
-            # The sampled stream never ends, so a buffer larger than an epoch would be
-            # filled from several epochs before the first batch (1,024 batches: ~100
-            # passes over a 1,000-pair corpus, 9 s of sampling before the first step).
-            # One epoch's batches mix as much as a finite epoch's shuffle does.
-            buffer = min(buffer, stats.num_batches)
-        batches = batches.shuffle(buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    if any(sampling):
-        # The number of batches changes with each epoch's segmentation: no cardinality
-        # to assert (the stream is endless), and the caller's steps_per_epoch says what
-        # an epoch is.
-        endless = batches.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-        return BatchedDataset(endless.prefetch(tf.data.AUTOTUNE), stats)
-    return _finished(batches, stats, repeat)
+
+def _shuffled_batches(batches, stats, seed, buffer, endless):
+    """Bucketing emits batches in runs of similar length; mix them up again.
+
+    The seed differs from the example shuffle's so the two are independent.
+    """
+    if endless:
+        # The sampled stream never ends, so a buffer larger than an epoch would be
+        # filled from several epochs before the first batch (1,024 batches: ~100
+        # passes over a 1,000-pair corpus, 9 s of sampling before the first step).
+        # One epoch's batches mix as much as a finite epoch's shuffle does.
+        buffer = min(buffer, stats.num_batches)
+    return batches.shuffle(buffer, seed=seed + 1, reshuffle_each_iteration=True)
 
 
 def _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size):
