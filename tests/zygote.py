@@ -28,7 +28,8 @@ SERVER = textwrap.dedent(
 
     def child(request):
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(log, 1), os.dup2(log, 2)
+        err = os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if request["err"] else log
+        os.dup2(log, 1), os.dup2(err, 2)
         signal.alarm(request["timeout"])  # a hung child dies with SIGALRM, which its status says
         sys.argv, code = request["argv"], 0
         try:
@@ -87,9 +88,15 @@ class Zygote:
         assert answer, "the zygote died"
         return json.loads(answer)
 
-    def start(self, source, argv, log, timeout=300):
-        """Forks a child that runs `source` with `sys.argv = argv`, its output in `log`; its pid."""
-        return self._ask(op="start", source=source, argv=[str(a) for a in argv], log=str(log), timeout=timeout)
+    def start(self, source, argv, log, timeout=300, err=None):
+        """Forks a child that runs `source` with `sys.argv = argv`, its output in `log`; its pid.
+
+        `err`: a file of its own for the child's stderr (default: `log` holds both).
+        """
+        return self._ask(
+            op="start", source=source, argv=[str(a) for a in argv], log=str(log), timeout=timeout,
+            err=None if err is None else str(err),
+        )
 
     def poll(self, pid):
         """The child's exit status, or None while it runs."""

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from keras_transformer.cli import common
+from keras_transformer.cli import common, interrupt
 
 # The demo's config lives in the repository's training/configs/ (not installed by pip).
 DEFAULT_CONFIG = os.path.normpath(
@@ -104,6 +104,7 @@ def export_and_check(model_dir, sentences, *, base_dir="saved_models", name="dem
     )
 
 
+@interrupt.exits_on_interrupt()
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(

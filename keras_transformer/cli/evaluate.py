@@ -13,9 +13,10 @@ import argparse
 import json
 import sys
 
-from keras_transformer.cli import common
+from keras_transformer.cli import common, interrupt
 
 
+@interrupt.exits_on_interrupt()
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(

@@ -18,10 +18,9 @@ Examples:
 
 import argparse
 import os
-import subprocess
 import sys
 
-from keras_transformer.cli import common
+from keras_transformer.cli import common, interrupt
 
 FORMATS = ("savedmodel", "ctranslate2")
 # The weight types of `--quantization` (keras_transformer.inference.ctranslate2_export,
@@ -29,6 +28,7 @@ FORMATS = ("savedmodel", "ctranslate2")
 QUANTIZATIONS = (None, "int8", "int8_float32", "float16")
 
 
+@interrupt.exits_on_interrupt()
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
     parser = _parser()
@@ -48,7 +48,7 @@ def main(argv=None):
         print(f"KERAS_BACKEND={backend}: exporting in a TensorFlow process.", file=sys.stderr)
         argv = sys.argv[1:] if argv is None else list(argv)
         command = [sys.executable, "-m", "keras_transformer.cli.export", *argv]
-        return subprocess.call(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+        return interrupt.call_in_foreground(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     return _export_saved_model(parser, args)
 
 

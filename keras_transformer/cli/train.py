@@ -8,9 +8,10 @@ Example:
 import argparse
 import sys
 
-from keras_transformer.cli import common
+from keras_transformer.cli import common, interrupt
 
 
+@interrupt.exits_on_interrupt(interrupt.RESUMABLE)
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
     parser = argparse.ArgumentParser(

@@ -27,12 +27,13 @@ import argparse
 import codecs
 import sys
 
-from keras_transformer.cli import common
+from keras_transformer.cli import common, interrupt
 
 # Line numbers named in the warning about invalid UTF-8, at most.
 _SHOWN_LINE_NUMBERS = 10
 
 
+@interrupt.exits_on_interrupt()
 def main(argv=None):
     common.setup_environment()  # before anything imports TensorFlow
     parser = _parser()
