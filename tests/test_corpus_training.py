@@ -74,3 +74,14 @@ def test_packing_keeps_the_training_split_in_memory(tmp_path):
     _write_corpus(tmp_path, pairs=10)
     splits = load_corpus(_config(tmp_path, packing=True, max_train_pairs=4))
     assert isinstance(splits["train"], list) and len(splits["train"]) == 4
+
+
+def test_the_binarized_copy_goes_to_the_user_cache_not_beside_the_run(tmp_path, monkeypatch):
+    _write_corpus(tmp_path)
+    monkeypatch.setenv("KERAS_TRANSFORMER_CACHE", str(tmp_path / "cache"))
+    run_config = _config(tmp_path, binarized_dir="")
+    splits = load_corpus(run_config)
+    tokenizer = train_tokenizer([side for pair in splits["train"] for side in pair], 40)
+    make_datasets(run_config, run_config.model_config(40), splits, tokenizer, print_fn=lambda line: None)
+    assert [path.name.split("-")[0] for path in (tmp_path / "cache" / "binarized").iterdir()] == ["train"]
+    assert not (tmp_path / "out").exists()

@@ -316,8 +316,18 @@ def prepare_tokenizer(run_config, train_pairs, model_dir=None, resuming=False):
 
 
 def _binarized_dir(run_config):
-    """Where the run's binarized corpora and their tokenizers are kept."""
-    return run_config.binarized_dir or os.path.join(run_config.output_dir, ".binarized")
+    """Where the run's binarized corpora and their tokenizers are kept.
+
+    By default a user cache, as Hugging Face datasets keeps its own: outside the run's
+    output directory (which a refused run must leave as it was) and outside the corpus's
+    directory (which may be read-only or shared).
+    """
+    if run_config.binarized_dir:
+        return run_config.binarized_dir
+    cache = os.environ.get("KERAS_TRANSFORMER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras_transformer"
+    )
+    return os.path.join(cache, "binarized")
 
 
 @dataclasses.dataclass

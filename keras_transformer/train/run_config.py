@@ -88,7 +88,8 @@ class RunConfig:
     max_train_pairs: int = 0  # keep the first N training pairs; 0 keeps all
     skip_malformed: bool = False  # count and skip a bad training line instead of stopping at it
     # Where the training split of a files/tsv/tfds corpus is binarized once (memory-mapped
-    # token ids, data.binarized) for every later run to open at once; "": output_dir/.binarized.
+    # token ids, data.binarized) for every later run to open at once; "": the user cache,
+    # $KERAS_TRANSFORMER_CACHE/binarized or ~/.cache/keras_transformer/binarized.
     binarized_dir: str = ""
     # Padded tokens per batch and side. The paper's ~25k (5.1) is a GPU's batch: on a
     # CPU a 25k-token base-model step takes tens of seconds and ~10 GB, so the default
