@@ -13,13 +13,14 @@ best round in ms a step and its ratio to plain PyTorch's eager step:
   run as it is: what is left once Keras' per-layer Python is gone);
 - `ours_compiled`: ours with `jit_compile=True` (the captured graph compiled by inductor).
 
-It also profiles Keras' eager step by where its time goes (`--profile`): the top
-operators and Python frames of `torch.profiler` for `ours_keras_eager`.
+`--breakdown` also times the parts of our step alone (forward and loss through Keras'
+layers or through the captured graph, backward, optimizer update, metrics): where the
+eager milliseconds go.
 
 Usage:
 
     .venv/bin/python bench/torch_step.py                       # batch 8 and 64, length 16
-    .venv/bin/python bench/torch_step.py --batches 8 --rounds 3 --profile
+    .venv/bin/python bench/torch_step.py --batches 8 --rounds 3 --breakdown
 
 Writes bench/results/torch_step.json and torch_step.png (ms a step per variant).
 """
@@ -127,30 +128,67 @@ def measure(config, batch, variants, rounds, steps):
     return results
 
 
-def profile_keras_eager(config, batch, steps=10, top=15):
-    """Where Keras' eager PyTorch step spends its time: the top operators by self CPU time."""
+def breakdown(config, batch, steps=20):
+    """Where a step's milliseconds go, part by part, in Keras' eager step and in the captured one.
+
+    Each part is timed alone over `steps` calls (best of three): the forward pass and loss
+    (Keras' layers eagerly, or the captured graph), the backward pass, the optimizer
+    update, the metrics. Their difference between the two paths is the Python of Keras'
+    layer calls that the capture removes; what remains beside plain PyTorch is ours.
+    """
+    import keras
     import torch
 
     source, decoder, labels = _batch(config, batch, LENGTH)
-    run, _ = _ours(config, "ours_keras_eager", source, decoder, labels)
-    run(2)
-    start = time.perf_counter()
-    run(steps)
-    wall_ms = (time.perf_counter() - start) / steps * 1000
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        run(steps)
-    events = profiler.key_averages()
-    op_ms = sum(event.self_cpu_time_total for event in events) / 1000 / steps
-    rows = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:top]
-    return {
-        "step_ms": round(wall_ms, 3),
-        "aten_ops_ms": round(op_ms, 3),  # time inside torch operators
-        "python_ms": round(wall_ms - op_ms, 3),  # the rest: Keras' and our Python around them
-        "top_ops": [
-            {"op": event.key, "calls_per_step": event.count // steps, "ms_per_step": round(event.self_cpu_time_total / 1000 / steps, 3)}
-            for event in rows
-        ],
+    _, model = _ours(config, "ours_captured", source, decoder, labels)
+    step = model._captured_train_step
+    x = {"encoder_inputs": keras.ops.convert_to_tensor(source), "decoder_inputs": keras.ops.convert_to_tensor(decoder)}
+    y = keras.ops.convert_to_tensor(labels)
+    model.train_on_batch(x, y)  # captures
+    graph = next(iter(step._graphs.values()))
+    trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
+
+    def eager_forward():
+        y_pred = model(x, training=True)
+        return model.compute_loss(x=x, y=y, y_pred=y_pred, training=True), y_pred
+
+    def captured_forward():
+        loss, y_pred, _ = graph([v.value for v in trainable], [v.value for v in non_trainable], x, y)
+        return loss, y_pred
+
+    def best_ms(function):
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(steps):
+                function()
+            times.append((time.perf_counter() - start) / steps * 1000)
+        return round(min(times), 3)
+
+    def backward_of(forward):
+        def run():
+            model.zero_grad()
+            forward()[0].backward()
+        return run
+
+    loss, y_pred = captured_forward()
+    loss.backward()
+    gradients = [v.value.grad for v in trainable]
+
+    def optimizer_update():
+        with torch.no_grad():
+            model.optimizer.apply(gradients, trainable)
+
+    parts = {
+        "forward_and_loss_keras_eager": best_ms(eager_forward),
+        "forward_and_loss_captured": best_ms(captured_forward),
+        "forward_loss_backward_keras_eager": best_ms(backward_of(eager_forward)),
+        "forward_loss_backward_captured": best_ms(backward_of(captured_forward)),
+        "optimizer_update": best_ms(optimizer_update),
+        "metrics": best_ms(lambda: model.compute_metrics(x, y, y_pred.detach(), sample_weight=None)),
     }
+    graph_nodes = len(graph.graph.nodes)
+    return {"batch": batch, "ms": parts, "captured_graph_nodes": graph_nodes}
 
 
 def _plot(payload, path):
@@ -176,7 +214,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per variant (best counts)")
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
     parser.add_argument("--vocab", type=int, default=VOCAB)
-    parser.add_argument("--profile", action="store_true", help="also profile Keras' eager step")
+    parser.add_argument("--breakdown", action="store_true", help="also time the step's parts (forward, backward, optimizer)")
     parser.add_argument("--output", default=str(machine.RESULTS_DIR / "torch_step.json"))
     args = parser.parse_args(argv)
     import torch
@@ -193,9 +231,10 @@ def main(argv=None):
         for variant, entry in payload["batches"][batch].items():
             ratio = entry.get("vs_torch_eager")
             print(f"batch {batch}: {variant:18s} {entry['ms']:8.2f} ms  x{ratio} of torch eager", flush=True)
-    if args.profile:
-        payload["profile_keras_eager"] = profile_keras_eager(config, int(args.batches.split(",")[0]))
-        print(payload["profile_keras_eager"])
+    if args.breakdown:
+        payload["breakdown"] = [breakdown(config, int(b)) for b in args.batches.split(",")]
+        for entry in payload["breakdown"]:
+            print(f"batch {entry['batch']}: {entry['ms']}")
     output = pathlib.Path(args.output)
     machine.write_json(output, payload)
     _plot(payload, output.with_suffix(".png"))
