@@ -99,16 +99,18 @@ class IndexBatches:
         self.seed, self.shuffle, self.shard = seed, shuffle, shard
         self.sizes = bucket_batch_sizes(self.boundaries, tokens_per_batch)
         lengths = np.asarray(corpus.lengths)
-        over = lengths > max_length
-        kept = np.flatnonzero(~over) if overlong == "drop" else np.arange(len(lengths))
+        # The bucket of every pair; pairs over max_length get a bucket past the last when dropped.
+        bucket = np.searchsorted(np.asarray(self.boundaries, np.int32), np.minimum(lengths, max_length)).astype(np.int16)
+        over = int((lengths > max_length).sum())
+        if overlong == "drop":
+            bucket[lengths > max_length] = len(self.boundaries)
         index_type = np.int32 if len(lengths) < 2**31 else np.int64
-        bucket = np.searchsorted(np.asarray(self.boundaries), np.minimum(lengths[kept], max_length), side="left")
-        self._members = [kept[bucket == b].astype(index_type) for b in range(len(self.boundaries))]
+        self._members = [np.flatnonzero(bucket == b).astype(index_type) for b in range(len(self.boundaries))]
         counts = tuple(len(members) for members in self._members)
         self.num_batches = sum(math.ceil(count / size) for count, size in zip(counts, self.sizes))
         self.stats = LengthStats(
-            total=len(lengths), kept=len(kept), dropped=int(over.sum()) if overlong == "drop" else 0,
-            truncated=int(over.sum()) if overlong == "truncate" else 0, max_length=max_length,
+            total=len(lengths), kept=sum(counts), dropped=over if overlong == "drop" else 0,
+            truncated=over if overlong == "truncate" else 0, max_length=max_length,
             bucket_boundaries=tuple(self.boundaries), bucket_batch_sizes=tuple(self.sizes),
             bucket_counts=counts, num_batches=self.num_batches,
         )
