@@ -2,8 +2,11 @@
 
 import hashlib
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Runs on file corpora binarize them into the user cache (run.py): keep the suite's out of ~/.cache.
+os.environ.setdefault("KERAS_TRANSFORMER_CACHE", os.path.join(tempfile.gettempdir(), f"keras_transformer_tests_{os.getpid()}"))
 
 # The tests' models are tiny, so XLA's compile time is nearly all of their time under JAX
 # (and under TensorFlow's jit_compile): LLVM's cheapest code generation cuts the JAX session
