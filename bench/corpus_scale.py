@@ -177,6 +177,7 @@ def main():
     parser.add_argument("--work-dir", default="/tmp/kt_corpus_scale")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_500_000, 20_000_000])
     parser.add_argument("--skip-stats", action="store_true")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a run may take to its first step")
     parser.add_argument("--reuse", action="store_true",
                         help="keep a binarized copy made before: one probe per size, a later run's")
     parser.add_argument("--output", default=str(machine.RESULTS_DIR / "corpus_scale.json"))
@@ -190,11 +191,11 @@ def main():
         data_dir = write_repeated_corpus(args.multi30k_dir, size, work / f"corpus_{size}")
         binarized = work / f"binarized_{size}"
         if args.reuse:
-            row = {"pairs": size, "second_run": probe(data_dir, work / "runs", binarized)}
+            row = {"pairs": size, "second_run": probe(data_dir, work / "runs", binarized, args.timeout)}
         else:
             shutil.rmtree(binarized, ignore_errors=True)
-            row = {"pairs": size, "first_run": probe(data_dir, work / "runs", binarized)}
-            row["second_run"] = probe(data_dir, work / "runs", binarized)
+            row = {"pairs": size, "first_run": probe(data_dir, work / "runs", binarized, args.timeout)}
+            row["second_run"] = probe(data_dir, work / "runs", binarized, args.timeout)
         row["feed"] = [feed_rate(binarized, tokens) for tokens in (1024, 25_000)]
         print(row, flush=True)
         results["probes"].append(row)

@@ -201,3 +201,11 @@ def test_a_corpus_of_several_chunks_is_written_whole(tmp_path, tokenizer, monkey
     assert chunked.num_pairs == 120
     for index in (15, 16, 119):
         assert chunked.pair_ids(index)[0].tolist() == tokenizer.encode([_pairs()[index][0]])[0]
+
+
+def test_a_killed_binarizing_leaves_nothing_that_a_later_one_keeps(tmp_path, tokenizer):
+    abandoned = tmp_path / "train.tmp-999999999"  # no such process
+    abandoned.mkdir()
+    (abandoned / "source.bin").write_bytes(b"half")
+    write_binarized(_pairs(10), tokenizer, str(tmp_path / "train"), progress=False)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["train"]

@@ -133,6 +133,7 @@ def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=
     """
     vocab_size = vocab_size or tokenizer.vocab_size
     dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    _remove_abandoned_staging(directory)
     staging = f"{directory}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
@@ -161,6 +162,25 @@ def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return open_binarized(directory)
+
+
+def _remove_abandoned_staging(directory):
+    """Deletes `directory.tmp-PID` folders of processes that died while binarizing (killed runs)."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    for entry in os.listdir(parent) if os.path.isdir(parent) else ():
+        pid = entry[len(name) + len(".tmp-"):]
+        if entry.startswith(f"{name}.tmp-") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
