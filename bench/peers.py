@@ -5,16 +5,20 @@
   embedding, target embedding and output projection share one matrix, as in ours) and
   `SinePositionEncoding`; post-norm, ReLU, padding masks from pad id 0, a causal
   decoder. It is compiled by the caller exactly as ours is.
-- `TorchTransformer` + `torch_train_step`: plain PyTorch, `torch.nn.Transformer` between
-  a tied `nn.Embedding` (scaled by sqrt(d_model), plus sinusoids) and the tied output
-  projection; Adam with the `TrainingConfig`'s betas and epsilon; `cross_entropy` with
-  its `label_smoothing` and `ignore_index` = pad.
+- `make_torch_peer` (`TorchTransformer` and its step): plain PyTorch,
+  `torch.nn.Transformer` between a tied `nn.Embedding` (scaled by sqrt(d_model), plus
+  sinusoids) and the tied output projection; Adam with the `TrainingConfig`'s betas and epsilon; `cross_entropy` with
+  its `label_smoothing` and `ignore_index` = pad. On a GPU (`bench/gpu.py`): the weights
+  on the device, bfloat16 autocast, fused Adam, and optionally `torch.compile`.
 - `KerasHubGenerator`: decoding with the keras-hub model's layers the way keras-hub's
   own encoder-decoder (`BartSeq2SeqLM`) generates: `TransformerDecoder` key/value
   caches, a `next(prompt, cache, index)` function, `GreedySampler` / `BeamSampler`,
   compiled as `CausalLM.make_generate_function` does.
 
-Both peers take one `dropout` for residual *and* attention-probability dropout (neither
+The JAX peer, a Flax linen model trained by optax, is `bench/flax_peer.py` (flax and
+optax are optional, so it is a module of its own).
+
+The keras-hub and PyTorch peers take one `dropout` for residual *and* attention-probability dropout (neither
 library separates them), while ours has `attention_dropout=0` by default (the paper
 names residual and embedding dropout only). The benchmark therefore also times ours with
 `attention_dropout = dropout`, so the comparison can be read either way.
@@ -77,14 +81,37 @@ def build_keras_hub_transformer(config):
     )
 
 
-def make_torch_peer(config, training_config=None):
+def make_torch_peer(
+    config, training_config=None, *, device=None, autocast_dtype=None, fused_adam=False, compile_loss=False
+):
     """Returns `(model, step)`: a `torch.nn.Transformer` model and its training step.
 
     `step(source_ids, decoder_ids, labels)` (int64 torch tensors `[B, S]`, `[B, T]`,
-    `[B, T]`) runs forward, backward and one Adam update and returns the loss. Adam and
-    label smoothing follow `training_config` (default `TrainingConfig()`, as
+    `[B, T]`, on `device`) runs forward, backward and one Adam update and returns the
+    loss (a tensor: reading it is the caller's choice, as in a hand-written loop). Adam
+    and label smoothing follow `training_config` (default `TrainingConfig()`, as
     `compile_transformer` does for ours).
+
+    The keyword options are what a PyTorch user adds on a GPU; their defaults give the
+    plain float32 eager CPU peer the CPU benchmarks compare with.
+
+    Args:
+        device: where the weights live (`torch.device` or str); None keeps PyTorch's
+            default (the CPU).
+        autocast_dtype: None (float32), or `torch.bfloat16` / `torch.float16` for the
+            forward pass and loss under `torch.autocast` (mixed precision: float32
+            weights, half-precision matmuls; `cross_entropy` autocasts to float32).
+            float16 has no gradient scaler here, so bfloat16 is the one to time.
+        fused_adam: `torch.optim.Adam(fused=True)`, one fused kernel for all weights
+            (needs the weights on a CUDA device).
+        compile_loss: `torch.compile` (inductor, static shapes) of the forward pass and
+            the loss; the backward pass then runs as the compiled graph's backward.
+            Every peer compiles the same function with new weights: a process that
+            makes several calls `torch._dynamo.reset()` between them, or dynamo's
+            recompile limit silently leaves the later ones eager.
     """
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
@@ -125,7 +152,7 @@ def make_torch_peer(config, training_config=None):
             target_length = decoder_ids.shape[1]
             # Boolean like the padding masks (True = may not attend), so PyTorch does
             # not convert between mask kinds at every call.
-            causal = torch.ones(target_length, target_length, dtype=torch.bool).triu(1)
+            causal = torch.ones(target_length, target_length, dtype=torch.bool, device=decoder_ids.device).triu(1)
             hidden = self.transformer(
                 self.embed(source_ids),
                 self.embed(decoder_ids),
@@ -138,23 +165,36 @@ def make_torch_peer(config, training_config=None):
             return hidden @ self.embedding.weight.T  # tied pre-softmax projection
 
     model = TorchTransformer()
+    if device is not None:
+        model.to(device)  # before Adam: a fused Adam checks where its weights are
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=1e-4,
         betas=(training.adam_beta_1, training.adam_beta_2),
         eps=training.adam_epsilon,
+        **({"fused": True} if fused_adam else {}),
     )
     model.train()
 
+    def forward_loss(source_ids, decoder_ids, labels):
+        autocast = contextlib.nullcontext()
+        if autocast_dtype is not None:
+            autocast = torch.autocast(device_type=source_ids.device.type, dtype=autocast_dtype)
+        with autocast:
+            logits = model(source_ids, decoder_ids)
+            return F.cross_entropy(
+                logits.reshape(-1, config.vocab_size),
+                labels.reshape(-1),
+                ignore_index=PAD_ID,
+                label_smoothing=training.label_smoothing,
+            )
+
+    if compile_loss:
+        forward_loss = torch.compile(forward_loss, dynamic=False)
+
     def step(source_ids, decoder_ids, labels):
         optimizer.zero_grad(set_to_none=True)
-        logits = model(source_ids, decoder_ids)
-        loss = F.cross_entropy(
-            logits.reshape(-1, config.vocab_size),
-            labels.reshape(-1),
-            ignore_index=PAD_ID,
-            label_smoothing=training.label_smoothing,
-        )
+        loss = forward_loss(source_ids, decoder_ids, labels)
         loss.backward()
         optimizer.step()
         return loss
