@@ -8,7 +8,8 @@ best round in ms a step and its ratio to plain PyTorch's eager step:
   cross-entropy (`bench/peers.py:make_torch_peer`);
 - `torch_compiled`: the same model and step under `torch.compile` (inductor);
 - `ours_keras_eager`: ours through Keras' eager PyTorch step (`jit_compile=False`);
-- `ours_default`: ours with `compile_transformer`'s default `jit_compile="auto"`;
+- `ours_default`: ours with `compile_transformer`'s default `jit_compile="auto"`, after the
+  warm-up that lets it capture the batch's shape (`AUTO_CAPTURE_AFTER` batches);
 - `ours_captured`: ours through `CapturedTrainStep` without inductor (the captured graph
   run as it is: what is left once Keras' per-layer Python is gone);
 - `ours_compiled`: ours with `jit_compile=True` (the captured graph compiled by inductor).
@@ -35,6 +36,8 @@ os.environ["KERAS_BACKEND"] = "torch"
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bench import machine  # noqa: E402
+
+from keras_transformer.train.torch_step import AUTO_CAPTURE_AFTER  # noqa: E402
 
 VARIANTS = ("torch_eager", "torch_compiled", "ours_keras_eager", "ours_default", "ours_captured", "ours_compiled")
 VOCAB = 1000
@@ -107,7 +110,8 @@ def measure(config, batch, variants, rounds, steps):
         make = _plain_torch if variant.startswith("torch") else _ours
         runner, _ = make(config, variant, source, decoder, labels)
         start = time.perf_counter()
-        runner(2)  # capture / compile, then one step
+        # Until the default captures the shape (at its AUTO_CAPTURE_AFTER-th batch), then one step.
+        runner(AUTO_CAPTURE_AFTER + 1 if variant == "ours_default" else 2)
         results[variant] = {"warm_up_s": round(time.perf_counter() - start, 2), "rounds_ms": []}
         runners[variant] = runner
         print(f"  batch {batch}: {variant} warm-up {results[variant]['warm_up_s']} s", flush=True)

@@ -152,3 +152,12 @@ def test_new_variables_drop_the_captured_graphs():
     model.train_on_batch(x, y)
     assert step.captures == 2
     assert any(not np.array_equal(keras.ops.convert_to_numpy(v), b) for v, b in zip(lora, before))
+
+
+def test_default_jit_compile_captures_only_recurring_shapes():
+    from keras_transformer.train.torch_step import AUTO_CAPTURE_AFTER
+
+    model = compile_transformer(kt.Transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB)))
+    step = model._captured_train_step
+    assert (step.compiler, step.capture_after) == (None, AUTO_CAPTURE_AFTER)
+    assert compile_transformer(model, jit_compile=False)._captured_train_step is None

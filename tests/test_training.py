@@ -423,7 +423,7 @@ def test_jit_compile_false_on_jax_is_noted():
 
 
 def test_jit_compile_true_is_accepted_on_every_backend():
-    # On PyTorch it trains through the captured step (tests/test_torch_step.py).
+    # On PyTorch it trains through the captured step (tests/test_torch_step.py), as "auto" does.
     model = kt.build_transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=50))
     kt.compile_transformer(model, jit_compile=True)
     assert model.compiled

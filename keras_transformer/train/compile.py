@@ -243,19 +243,29 @@ def make_loss(training_config=None):
 
 
 def attach_torch_step(model, jit_compile):
-    """On PyTorch, `jit_compile=True` trains through a captured, inductor-compiled step.
+    """On PyTorch, trains through `train.torch_step.CapturedTrainStep` unless `jit_compile=False`.
 
     Keras' own `torch.compile` of its step breaks the graph inside Keras and recompiles
-    the shared attention code past dynamo's limit; `train.torch_step.CapturedTrainStep`
-    captures the forward pass and loss once per batch shape instead and compiles that.
-    Returns the `jit_compile` to hand to `model.compile` (False there: the step is ours).
+    the shared attention code past dynamo's limit; the captured step records the forward
+    pass and loss once per batch shape instead. `True` compiles each captured graph with
+    inductor at a shape's first batch; `"auto"` runs it uncompiled, and only for shapes
+    that recur (`AUTO_CAPTURE_AFTER` batches), so a short `fit` never pays for a capture.
+    Returns the `jit_compile` to hand to `model.compile` (False there on PyTorch: the
+    step is ours).
     """
     model._captured_train_step = None
-    if keras.backend.backend() != "torch" or jit_compile is not True:
+    if keras.backend.backend() != "torch":
         return jit_compile
-    from keras_transformer.train.torch_step import CapturedTrainStep  # imports torch
+    if jit_compile is False:
+        return False
+    from keras_transformer.train import torch_step  # imports torch
 
-    model._captured_train_step = CapturedTrainStep(model, compiler="inductor")
+    if jit_compile is True:
+        model._captured_train_step = torch_step.CapturedTrainStep(model, compiler="inductor")
+    else:
+        model._captured_train_step = torch_step.CapturedTrainStep(
+            model, capture_after=torch_step.AUTO_CAPTURE_AFTER
+        )
     return False
 
 

@@ -28,6 +28,12 @@ import torch
 from keras_transformer import checks
 from keras_transformer.torch_capture import capture
 
+# `jit_compile="auto"`: a shape is captured at its 32nd batch. A capture takes a few
+# seconds (about 2 s for the tiny model on a 2-core CPU, bench/torch_step.py's warm-up), so
+# a shape that recurs this often in a run is likely to recur for long enough to repay it.
+AUTO_CAPTURE_AFTER = 32
+
+
 class _ForwardAndLoss(torch.nn.Module):
     """`(weights, batch) -> (loss, logits, non-trainable values)`: what `torch.export` traces."""
 
