@@ -69,12 +69,20 @@ Once, here, in the repository's root:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \\
-    PYTHONUNBUFFERED=1 python3 bench/gpu.py --budget-s 480 --output $OUT/gpu.json
+    set -o pipefail; PYTHONUNBUFFERED=1 python3 bench/gpu.py --budget-s 480 \\
+        --output $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
 
 (the run ends within 540 s: JAX gets about half the budget, PyTorch what is left). It
-writes gpu.json and gpu.png under $OUT (copy them to bench/results/); the table at the end
-of the output (`bench/gpu_report.py`) is the summary: tokens/s and MFU per point and
-implementation, the ratios the issues ask about, decoding, and what was not measured.
+writes gpu.json, gpu.png and the whole log under $OUT (copy the first two to
+bench/results/); the table at the end of the output (`bench/gpu_report.py`) is the
+summary: tokens/s and MFU per point and implementation, the ratios the issues ask about,
+decoding, and what was not measured.
+How many points fit is unmeasured: each point compiles afresh (XLA; capture plus
+inductor; torch.compile), tens of seconds each on that machine. A session after one
+issue's targets can spend the whole call on them, with other arguments:
+
+    --backends torch --presets base --tokens 8192,25600              # issue 74
+    --backends jax --tokens 8192,25600,32768 --big-tokens 25600       # issue 76
 
 Writes bench/results/gpu.json and gpu.png (target tokens/s and MFU against tokens per step,
 one line per implementation, one row of panels per preset and policy).
@@ -530,6 +538,7 @@ def _run_children(argv, backends, budget_s, folder):
             child.wait()
             status = f"stopped after its share of the budget ({share:.0f} s) and {GRACE_S} s more"
         if status != 0:
+            status = status if isinstance(status, str) else f"exit status {status}"
             print(f"backend {backend}: {status}", file=sys.stderr, flush=True)
             failures[backend] = status
         if part_path.exists():  # written as it went: a stopped backend keeps its finished points

@@ -108,7 +108,8 @@ def plot(payload, path):
     for row, (preset, policy) in enumerate(groups):
         _plot_panel(axes[row][0], entries, preset, policy, "tokens_per_s", "target tokens / s")
         _plot_panel(axes[row][1], entries, preset, policy, "mfu", "MFU (of the matmul peak measured there)")
-        axes[row][0].legend(fontsize=8)
+        if entries:
+            axes[row][0].legend(fontsize=8)
     devices = ", ".join(sorted({part["device"] for part in payload["backends"].values()}))
     figure.suptitle(f"Training on {devices or 'no device'} (length {payload['length']}, vocabulary {payload['vocab']})")
     figure.text(0.01, 0.01, "\n".join(_decoding_lines(payload)), fontsize=7)
