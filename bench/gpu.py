@@ -16,7 +16,9 @@ Per process, side by side:
   (`keras_transformer/train/torch_step.py`), trained the same way; `torch_eager`,
   `torch.nn.Transformer` with tied embeddings (`bench/peers.py:make_torch_peer`), bf16
   autocast under a mixed policy, fused Adam; `torch_compiled`, the same with its
-  forward pass and loss under `torch.compile`.
+  forward pass and loss under `torch.compile`. `torch.nn.Transformer` also drops
+  attention probabilities (its one `dropout`), which ours and the Flax peer, with the
+  paper's `attention_dropout=0`, do not.
 
 Beside each speed it reports model FLOPs utilisation: the analytic matmul FLOPs of a step
 (`bench.train_throughput.training_flops`, the same count for every implementation) per
@@ -301,7 +303,7 @@ def _build_torch_peer(plan, preset, policy, batch, compiled):
     def run(steps):  # a hand-written loop: no host read until the end
         losses = [step(*tensors) for _ in range(steps)]
         _wait()
-        return torch.stack(losses).float().cpu().tolist()
+        return torch.stack([loss.detach() for loss in losses]).float().cpu().tolist()
 
     return run, sum(p.numel() for p in model.parameters()), model
 
