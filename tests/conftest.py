@@ -1,4 +1,9 @@
-"""Shared fixtures. The same files run under each KERAS_BACKEND (see the Makefile)."""
+"""Shared fixtures. The same files run under each KERAS_BACKEND (see the Makefile).
+
+A session fixture is made once per pytest process: once per backend, or once per
+pytest-xdist worker (`make test WORKERS=N`); what fixtures write goes under
+tmp_path_factory, which gives each worker a directory of its own.
+"""
 
 import hashlib
 import os
