@@ -30,10 +30,10 @@ test: $(STAMP)
 	@rm -rf .test-logs; mkdir -p .test-logs
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(BACKENDS:%=test-%); status=0; \
 	for backend in $(BACKENDS); do \
-	  read code seconds < .test-logs/$$backend.status || code="no result"; [ "$$code" = 0 ] || status=1; \
-	  echo "=== KERAS_BACKEND=$$backend: $$(grep -a -E " in [0-9.]+s( \(|$$)" .test-logs/$$backend.log | tail -n 1) (exit $$code, $${seconds}s) ==="; \
+	  { read code seconds < .test-logs/$$backend.status; } 2>/dev/null || code="no result"; [ "$$code" = 0 ] || status=1; \
+	  echo "=== KERAS_BACKEND=$$backend: $$(grep -s -a -E " in [0-9.]+s( \(|$$)" .test-logs/$$backend.log | tail -n 1) (exit $$code, $${seconds}s) ==="; \
 	done; \
-	grep -a -E "^(FAILED|ERROR) " $(BACKENDS:%=.test-logs/%.log) | cut -c1-400; \
+	grep -s -a -E "^(FAILED|ERROR) " $(BACKENDS:%=.test-logs/%.log) | cut -c1-400; \
 	exit $$status
 
 $(BACKENDS:%=test-%): test-%: $(STAMP)
