@@ -209,3 +209,11 @@ def test_a_killed_binarizing_leaves_nothing_that_a_later_one_keeps(tmp_path, tok
     (abandoned / "source.bin").write_bytes(b"half")
     write_binarized(_pairs(10), tokenizer, str(tmp_path / "train"), progress=False)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["train"]
+
+
+def test_bucket_members_read_in_blocks_are_those_read_whole(corpus):
+    from keras_transformer.data.index_batches import _bucket_members
+
+    whole = _bucket_members(corpus.lengths, [4, 8, 12], 12, "drop")
+    blocks = _bucket_members(corpus.lengths, [4, 8, 12], 12, "drop", block=7)
+    assert whole[1] == blocks[1] and all(np.array_equal(a, b) for a, b in zip(whole[0], blocks[0]))

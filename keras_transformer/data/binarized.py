@@ -184,34 +184,55 @@ def _alive(pid):
 
 
 def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
-    """Writes the id files and the offsets / lengths arrays; returns the counts."""
+    """Writes the id files and the offsets / lengths arrays; returns the counts.
+
+    The per-pair lengths go to scratch files as they come, and the offsets are summed
+    from them block by block: nothing held in memory grows with the corpus.
+    """
     import tqdm
 
-    lengths = {"source": [], "target": []}
+    sides = ("source", "target")
+    files = {name: open(os.path.join(staging, name), "wb") for name in
+             ("source.bin", "target.bin", "source_lengths.tmp", "target_lengths.tmp")}
+    pairs_written, tokens = 0, {side: 0 for side in sides}
     bar = tqdm.tqdm(unit=" pairs", unit_scale=True, desc="binarizing", disable=not progress, mininterval=2)
-    with open(os.path.join(staging, "source.bin"), "wb") as source_file, open(
-        os.path.join(staging, "target.bin"), "wb"
-    ) as target_file:
+    try:
         for encoded in _encoded_chunks(pairs, tokenizer):
-            for side, file, (side_lengths, flat) in zip(lengths, (source_file, target_file), encoded):
+            for side, (side_lengths, flat) in zip(sides, encoded):
                 _check_ids(flat, vocab_size)
-                flat.astype(dtype).tofile(file)
-                lengths[side].append(side_lengths)
+                flat.astype(dtype).tofile(files[f"{side}.bin"])
+                side_lengths.astype(np.int32).tofile(files[f"{side}_lengths.tmp"])
+                tokens[side] += len(flat)
+            pairs_written += len(encoded[0][0])
             bar.update(len(encoded[0][0]))
-    bar.close()
-    if not lengths["source"]:
+    finally:
+        bar.close()
+        for file in files.values():
+            file.close()
+    if not pairs_written:
         raise ValueError("No sentence pairs to binarize. Expected at least one pair.")
-    source_lengths, target_lengths = (np.concatenate(lengths[side]) for side in ("source", "target"))
-    for side, side_lengths in (("source", source_lengths), ("target", target_lengths)):
-        offsets = np.zeros(len(side_lengths) + 1, np.int64)
-        np.cumsum(side_lengths, out=offsets[1:])
-        np.save(os.path.join(staging, f"{side}_offsets.npy"), offsets)
-    np.save(os.path.join(staging, "lengths.npy"), (np.maximum(source_lengths, target_lengths) + 1).astype(np.int32))
-    return {
-        "pairs": len(source_lengths),
-        "source_tokens": int(source_lengths.sum()),
-        "target_tokens": int(target_lengths.sum()),
-    }
+    _write_offsets_and_lengths(staging, pairs_written)
+    return {"pairs": pairs_written, "source_tokens": tokens["source"], "target_tokens": tokens["target"]}
+
+
+def _write_offsets_and_lengths(staging, count, block=1 << 20):
+    """`{side}_offsets.npy` and `lengths.npy` from the scratch length files, a block at a time."""
+    side_lengths = {side: np.memmap(os.path.join(staging, f"{side}_lengths.tmp"), np.int32, mode="r")
+                    for side in ("source", "target")}
+    offsets = {side: np.lib.format.open_memmap(os.path.join(staging, f"{side}_offsets.npy"), "w+", np.int64, (count + 1,))
+               for side in side_lengths}
+    lengths = np.lib.format.open_memmap(os.path.join(staging, "lengths.npy"), "w+", np.int32, (count,))
+    for start in range(0, count, block):
+        stop = min(start + block, count)
+        for side, values in side_lengths.items():
+            np.cumsum(values[start:stop], dtype=np.int64, out=offsets[side][start + 1:stop + 1])
+            offsets[side][start + 1:stop + 1] += offsets[side][start]
+        lengths[start:stop] = np.maximum(side_lengths["source"][start:stop], side_lengths["target"][start:stop]) + 1
+    for array in (*offsets.values(), lengths):
+        array.flush()
+    del side_lengths, offsets, lengths  # unmapped before the scratch files go
+    for side in ("source", "target"):
+        os.remove(os.path.join(staging, f"{side}_lengths.tmp"))
 
 
 def _encoded_chunks(pairs, tokenizer):

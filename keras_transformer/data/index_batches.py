@@ -98,18 +98,11 @@ class IndexBatches:
         self.corpus, self.max_length, self.overlong = corpus, max_length, overlong
         self.seed, self.shuffle, self.shard = seed, shuffle, shard
         self.sizes = bucket_batch_sizes(self.boundaries, tokens_per_batch)
-        lengths = np.asarray(corpus.lengths)
-        # The bucket of every pair; pairs over max_length get a bucket past the last when dropped.
-        bucket = np.searchsorted(np.asarray(self.boundaries, np.int32), np.minimum(lengths, max_length)).astype(np.int16)
-        over = int((lengths > max_length).sum())
-        if overlong == "drop":
-            bucket[lengths > max_length] = len(self.boundaries)
-        index_type = np.int32 if len(lengths) < 2**31 else np.int64
-        self._members = [np.flatnonzero(bucket == b).astype(index_type) for b in range(len(self.boundaries))]
+        self._members, over = _bucket_members(corpus.lengths, self.boundaries, max_length, overlong)
         counts = tuple(len(members) for members in self._members)
         self.num_batches = sum(math.ceil(count / size) for count, size in zip(counts, self.sizes))
         self.stats = LengthStats(
-            total=len(lengths), kept=sum(counts), dropped=over if overlong == "drop" else 0,
+            total=len(corpus.lengths), kept=sum(counts), dropped=over if overlong == "drop" else 0,
             truncated=over if overlong == "truncate" else 0, max_length=max_length,
             bucket_boundaries=tuple(self.boundaries), bucket_batch_sizes=tuple(self.sizes),
             bucket_counts=counts, num_batches=self.num_batches,
@@ -120,10 +113,12 @@ class IndexBatches:
         """`(order, starts, buckets)`: batch i is pairs `order[starts[i]:starts[i + 1]]` of bucket `buckets[i]`."""
         if self._plan_epoch == epoch:
             return self._plan
+        self._plan_epoch, self._plan = None, None  # the last epoch's plan goes before this one is made
         rng = np.random.default_rng([self.seed, epoch])
-        orders, stops, buckets, offset = [], [], [], 0
+        order = np.empty(sum(len(members) for members in self._members), self._members[0].dtype)
+        stops, buckets, offset = [], [], 0
         for bucket, (members, size) in enumerate(zip(self._members, self.sizes)):
-            orders.append(rng.permutation(members) if self.shuffle else members)
+            order[offset:offset + len(members)] = rng.permutation(members) if self.shuffle else members
             bucket_stops = np.minimum(np.arange(size, len(members) + size, size), len(members)) + offset
             stops.append(bucket_stops)
             buckets.append(np.full(len(bucket_stops), bucket, np.int32))
@@ -131,7 +126,6 @@ class IndexBatches:
         stops, buckets = np.concatenate(stops), np.concatenate(buckets)
         starts = np.concatenate([[0], stops[:-1]])
         batch_order = rng.permutation(len(stops)) if self.shuffle else np.arange(len(stops))
-        order = np.concatenate(orders)
         self._plan_epoch, self._plan = epoch, (order, starts[batch_order], stops[batch_order], buckets[batch_order])
         return self._plan
 
@@ -193,6 +187,26 @@ class IndexBatches:
         )
         batches = batches.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def _bucket_members(lengths, boundaries, max_length, overlong, block=1 << 20):
+    """Each bucket's pair indices (int32), and the number of pairs over `max_length`.
+
+    Read a block of lengths at a time, so the only arrays as long as the corpus are the
+    members themselves (4 bytes a pair).
+    """
+    index_type = np.int32 if len(lengths) < 2**31 else np.int64
+    parts = [[] for _ in boundaries]
+    over = 0
+    for start in range(0, len(lengths), block):
+        part = np.asarray(lengths[start:start + block])
+        bucket = np.searchsorted(np.asarray(boundaries, np.int32), np.minimum(part, max_length))
+        over += int((part > max_length).sum())
+        if overlong == "drop":
+            bucket[part > max_length] = len(boundaries)  # past the last bucket: left out
+        for index in range(len(boundaries)):
+            parts[index].append((np.flatnonzero(bucket == index) + start).astype(index_type))
+    return [np.concatenate(part) if part else np.zeros(0, index_type) for part in parts], over
 
 
 def _padded(ids, offsets, pairs, length, first):
