@@ -118,7 +118,7 @@ class IndexBatches:
         self._plan_epoch, self._plan = None, None
 
     def epoch_plan(self, epoch):
-        """`(order, starts, buckets)`: batch i is pairs `order[starts[i]:starts[i + 1]]` of bucket `buckets[i]`."""
+        """`(order, starts, stops, buckets)`: batch i is pairs `order[starts[i]:stops[i]]`, of bucket `buckets[i]`."""
         if self._plan_epoch == epoch:
             return self._plan
         self._plan_epoch, self._plan = None, None  # the last epoch's plan goes before this one is made
