@@ -28,9 +28,9 @@ import torch
 from keras_transformer import checks
 from keras_transformer.torch_capture import capture
 
-# `jit_compile="auto"`: a shape is captured at its 32nd batch. A capture takes a few
-# seconds (about 2 s for the tiny model on a 2-core CPU, bench/torch_step.py's warm-up), so
-# a shape that recurs this often in a run is likely to recur for long enough to repay it.
+# `jit_compile="auto"`: a shape is captured at its 32nd batch. A capture takes seconds
+# (2.6 s for the tiny model at batch 8 on a 2-core AMD EPYC, bench/torch_step.py), so a
+# shape that recurs this often in a run is likely to recur long enough to repay it.
 AUTO_CAPTURE_AFTER = 32
 
 
