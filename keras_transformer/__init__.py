@@ -19,7 +19,7 @@ here; what is TensorFlow by nature (tokenizer, tf.data pipeline, `Translator`, e
 is imported on first use, so that the package stays light on the JAX and PyTorch backends.
 """
 
-import importlib
+from keras_transformer.lazy_names import lazy_getattr
 
 from keras_transformer.cli import common as _cli_common
 
@@ -58,12 +58,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
+__getattr__ = lazy_getattr("keras_transformer", _LAZY, globals())
 
 
 __all__ = [

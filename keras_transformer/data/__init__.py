@@ -5,7 +5,7 @@ The names below are imported on first use: most of this package is TensorFlow
 config, must be importable without loading it.
 """
 
-import importlib
+from keras_transformer.lazy_names import lazy_getattr
 
 # name -> module that defines it.
 _LAZY = {
@@ -26,12 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'keras_transformer.data' has no attribute {name!r}")
+__getattr__ = lazy_getattr("keras_transformer.data", _LAZY, globals())
 
 
 def __dir__():
