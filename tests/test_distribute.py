@@ -264,34 +264,11 @@ def test_mirrored_loss_is_the_mean_over_all_real_tokens_when_replicas_hold_unequ
 @pytest.mark.slow  # 26-71 s here, depending on the load of the shared machine
 @tensorflow_only
 def test_multi_worker_mirrored_two_processes_on_localhost(tmp_path):
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    workers = []
-    try:
-        for index in range(2):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            env = child_env("tensorflow", TF_CONFIG=tf_config, WORK_DIR=str(tmp_path))
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, str(CHILD), "multi_worker"],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        # One device on the uneven batches, computed here while the workers train.
+    def reference():  # one device on the uneven batches, computed while the workers train
         uneven_data = distributed_child.dataset(pairs=distributed_child.uneven_batch())
-        uneven_reference, _, _ = distributed_child.fit_losses("default", data=uneven_data)
-        outputs = [worker.communicate(timeout=CHILD_TIMEOUT_S) for worker in workers]
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    for worker, (_, stderr) in zip(workers, outputs):
-        assert worker.returncode == 0, stderr[-6000:]
-    results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+        return distributed_child.fit_losses("default", data=uneven_data)[0]
+
+    results, uneven_reference = _two_workers("multi_worker", reference, WORK_DIR=str(tmp_path))
 
     for index, result in enumerate(results):
         assert result["engine"] == "KerasMultiWorkerMirroredStrategy"  # what "auto" picked
@@ -315,29 +292,12 @@ def test_multi_worker_workers_read_their_own_rows_of_a_binarized_corpus(tmp_path
     pairs = [(" ".join(rng.choice(words, 1 + i % 4)), " ".join(rng.choice(words, 1 + i % 3))) for i in range(60)]
     tokenizer = train_tokenizer([side for pair in pairs for side in pair], 24)  # ids below the model's 32
     corpus = write_binarized(pairs, tokenizer, str(tmp_path / "corpus"), progress=False)
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    workers = []
-    try:
-        for index in range(2):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            env = child_env("tensorflow", TF_CONFIG=tf_config, CORPUS_DIR=corpus.directory)
-            workers.append(subprocess.Popen(
-                [sys.executable, str(CHILD), "multi_worker_corpus"], env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            ))
-        # One device on the whole batches, computed here while the workers train.
-        whole = IndexBatches(corpus, max_length=8, tokens_per_batch=32)
-        reference, _, _ = distributed_child.fit_losses("default", data=whole.dataset())
-        outputs = [worker.communicate(timeout=CHILD_TIMEOUT_S) for worker in workers]
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    for worker, (_, stderr) in zip(workers, outputs):
-        assert worker.returncode == 0, stderr[-6000:]
-    results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    whole = IndexBatches(corpus, max_length=8, tokens_per_batch=32)
+
+    def reference():  # one device on the whole batches, computed while the workers train
+        return distributed_child.fit_losses("default", data=whole.dataset())[0]
+
+    results, reference = _two_workers("multi_worker_corpus", reference, CORPUS_DIR=corpus.directory)
     assert [result["shard"] for result in results] == [[0, 2], [1, 2]]
     for step in range(distributed_child.STEPS):
         shares = [[tuple(row) for row in result["rows"][step] if any(row)] for result in results]
@@ -443,3 +403,30 @@ def test_loss_scaled_optimizer_wraps_only_float16():
     with pytest.raises(ValueError, match="`optimizer` must be a keras.optimizers.Optimizer"):
         precision.loss_scaled_optimizer("adam", "mixed_float16")
 
+
+def _two_workers(mode, reference, **env):
+    """Runs `distributed_child.py mode` as two TensorFlow workers on loopback ports.
+
+    Returns `(each worker's JSON result, reference())`: `reference` runs here while the
+    workers train. A worker that failed fails the test with the end of its stderr.
+    """
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    workers = []
+    try:
+        for index in range(2):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            workers.append(subprocess.Popen(
+                [sys.executable, str(CHILD), mode], env=child_env("tensorflow", TF_CONFIG=tf_config, **env),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            ))
+        expected = reference()
+        outputs = [worker.communicate(timeout=CHILD_TIMEOUT_S) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    for worker, (_, stderr) in zip(workers, outputs):
+        assert worker.returncode == 0, stderr[-6000:]
+    return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs], expected
