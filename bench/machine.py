@@ -1,7 +1,7 @@
 """What every benchmark records beside its numbers: the machine, the load, the versions.
 
-Shared by `train_throughput.py` and `pipeline.py`, so results written by either name the
-CPU, core count, load average and library versions the same way, and both draw their
+Shared by the benchmarks, so the results each one writes name the
+CPU, core count, load average and library versions the same way, and draw their
 bar charts with the same helper.
 """
 

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import gpu, gpu_report  # noqa: E402
+from bench import gpu  # noqa: E402
 
 # What one backend's process of the benchmark does before its first step: import the
 # script and its peers, seed, build and compile ours, build the PyTorch peer.
@@ -62,7 +62,7 @@ def test_ratios_pair_implementations_measured_at_the_same_point():
         "jax": {"training": [entry("ours_jax", 8192, 300.0), entry("flax", 8192, 400.0), entry("ours_jax", 4096, 1.0)]},
         "torch": {"training": [entry("ours_torch", 8192, 270.0), entry("torch_compiled", 8192, 300.0)]},
     }
-    values = {(row["tokens_per_step"], row["ratio"]): row["value"] for row in gpu_report.ratios(parts)}
+    values = {(row["tokens_per_step"], row["ratio"]): row["value"] for row in gpu.ratios(parts)}
     assert values == {
         (8192, "ours_torch / torch_compiled"): 0.9,
         (8192, "ours_jax / flax"): 0.75,
