@@ -74,22 +74,16 @@ def test_captured_step_under_dynamo_does_not_recompile_after_warm_up():
 
 def test_dropout_differs_between_steps_in_the_captured_graph():
     """Dropout is drawn afresh each step inside the graph, not baked in at capture."""
-    rng = np.random.default_rng(2)
-    x, y = _batch(rng, 2, 5)
-    keras.utils.set_random_seed(1)
-    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.5)
-    model = compile_transformer(kt.Transformer(config), jit_compile=True)
-    model._captured_train_step.compiler = None  # the graph as captured: no inductor build
-    step = model._captured_train_step
-    data = (x, y)
     import torch
 
+    rng = np.random.default_rng(2)
+    x, y = _batch(rng, 2, 5)
+    _, _, step = _train([(x, y)], None, dropout=0.5)
+    graph = next(iter(step._graphs.values()))
+    model = step.model
+    x_t, y_t = keras.tree.map_structure(keras.ops.convert_to_tensor, (x, y))
+
     def loss_of_one_step():
-        x_t, y_t = keras.tree.map_structure(keras.ops.convert_to_tensor, data)
-        graph = step._graphs.get(next(iter(step._graphs))) if step._graphs else None
-        if graph is None:
-            model.train_on_batch(x, y)
-            graph = next(iter(step._graphs.values()))
         trainable = [v.value for v in model.trainable_variables]
         non_trainable = [v.value for v in model.non_trainable_variables]
         with torch.no_grad():
