@@ -114,9 +114,13 @@ class CompiledDecoder:
                     self._build(variables)
         return self._function
 
-    def _decode(self, encoder_inputs, inputs):
-        """The decoding function on `encoder_inputs` and the per-call `inputs` (a dict)."""
-        return _METHODS[self.method](self.model, encoder_inputs, **inputs, **self.decode_kwargs)
+    def _decode(self, encoder_inputs, inputs, model=None):
+        """The decoding function on `encoder_inputs` and the per-call `inputs` (a dict).
+
+        `model` stands in for `self.model` (PyTorch's captured decoder steps).
+        """
+        model = self.model if model is None else model
+        return _METHODS[self.method](model, encoder_inputs, **inputs, **self.decode_kwargs)
 
     def _build_tensorflow(self, variables):
         # tf.function captures the variables it reads while tracing, by reference.
@@ -155,7 +159,7 @@ class CompiledDecoder:
 
         def run(encoder_inputs, inputs):
             with torch.no_grad():
-                return _METHODS[self.method](model, encoder_inputs, **inputs, **self.decode_kwargs)
+                return self._decode(encoder_inputs, inputs, model)
 
         return run
 
