@@ -59,7 +59,7 @@ def _batch(config, batch, length, seed=0):
 
 
 def _ours(config, variant, source, decoder, labels):
-    """A `run(steps)` for one of our variants, warmed up (captured, compiled)."""
+    """A `run(steps) -> ms a step` for one of our variants, through `model.fit` as a user trains."""
     import keras
 
     import keras_transformer as kt
@@ -75,10 +75,21 @@ def _ours(config, variant, source, decoder, labels):
     x = {"encoder_inputs": keras.ops.convert_to_tensor(source), "decoder_inputs": keras.ops.convert_to_tensor(decoder)}
     y = keras.ops.convert_to_tensor(labels)
 
+    def batches():
+        while True:
+            yield x, y
+
+    class StepEnds(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter())
+
+    times = []
+
     def run(steps):
-        for _ in range(steps):
-            logs = model.train_on_batch(x, y)
-        return logs
+        # From the end of the first step to the end of the last: steps, not fit's set-up.
+        times.clear()
+        model.fit(batches(), steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[StepEnds()])
+        return (times[-1] - times[0]) / steps * 1000
 
     return run, model
 
@@ -95,9 +106,11 @@ def _plain_torch(config, variant, source, decoder, labels):
     source, decoder, labels = (torch.from_numpy(a).long() for a in (source, decoder, labels))
 
     def run(steps):
+        start = time.perf_counter()
         for _ in range(steps):
             loss = step(source, decoder, labels)
-        return float(loss)
+        float(loss.detach())  # waits for the last step, as fit's logs do
+        return (time.perf_counter() - start) / steps * 1000
 
     return run, model
 
@@ -117,9 +130,7 @@ def measure(config, batch, variants, rounds, steps):
         print(f"  batch {batch}: {variant} warm-up {results[variant]['warm_up_s']} s", flush=True)
     for _ in range(rounds):  # interleaved: each variant once per round
         for variant, runner in runners.items():
-            start = time.perf_counter()
-            runner(steps)
-            results[variant]["rounds_ms"].append(round((time.perf_counter() - start) / steps * 1000, 3))
+            results[variant]["rounds_ms"].append(round(runner(steps), 3))
     for variant, entry in results.items():
         entry["ms"] = min(entry["rounds_ms"])
     eager = results.get("torch_eager", {}).get("ms")
@@ -136,12 +147,15 @@ def breakdown(config, batch, steps=20):
     """Where a step's milliseconds go, part by part, in Keras' eager step and in the captured one.
 
     Each part is timed alone over `steps` calls (best of three): the forward pass and loss
-    (Keras' layers eagerly, or the captured graph), the backward pass, the optimizer
-    update, the metrics. Their difference between the two paths is the Python of Keras'
-    layer calls that the capture removes; what remains beside plain PyTorch is ours.
+    (Keras' layers eagerly, or the captured graph, which updates the metrics too), the
+    backward pass, the optimizer update (Keras' `apply`, or captured and compiled by
+    inductor as `jit_compile=True` runs it), the metrics through Keras. Their differences
+    are the Python of Keras' layer calls, metrics and optimizer that the capture removes.
     """
     import keras
     import torch
+
+    from keras_transformer.train.torch_optimizer_update import CompiledOptimizerUpdate
 
     source, decoder, labels = _batch(config, batch, LENGTH)
     _, model = _ours(config, "ours_captured", source, decoder, labels)
@@ -151,14 +165,15 @@ def breakdown(config, batch, steps=20):
     model.train_on_batch(x, y)  # captures
     graph = next(iter(step._graphs.values()))
     trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
+    metrics = model.metrics_variables
 
     def eager_forward():
         y_pred = model(x, training=True)
         return model.compute_loss(x=x, y=y, y_pred=y_pred, training=True), y_pred
 
     def captured_forward():
-        loss, y_pred, _ = graph([v.value for v in trainable], [v.value for v in non_trainable], x, y)
-        return loss, y_pred
+        values = [[v.value for v in variables] for variables in (trainable, non_trainable, metrics)]
+        return graph(*values, x, y)[:2]  # the loss, the logs (the metrics are updated in the graph)
 
     def best_ms(function):
         times = []
@@ -175,21 +190,25 @@ def breakdown(config, batch, steps=20):
             forward()[0].backward()
         return run
 
-    loss, y_pred = captured_forward()
+    loss, _ = captured_forward()
     loss.backward()
+    y_pred = eager_forward()[1]
     gradients = [v.value.grad for v in trainable]
 
     def optimizer_update():
         with torch.no_grad():
             model.optimizer.apply(gradients, trainable)
 
+    compiled_update = CompiledOptimizerUpdate(model)
+    compiled_update(gradients, trainable)  # captures and compiles (seconds)
     parts = {
         "forward_and_loss_keras_eager": best_ms(eager_forward),
-        "forward_and_loss_captured": best_ms(captured_forward),
+        "forward_loss_metrics_captured": best_ms(captured_forward),
         "forward_loss_backward_keras_eager": best_ms(backward_of(eager_forward)),
-        "forward_loss_backward_captured": best_ms(backward_of(captured_forward)),
-        "optimizer_update": best_ms(optimizer_update),
-        "metrics": best_ms(lambda: model.compute_metrics(x, y, y_pred.detach(), sample_weight=None)),
+        "forward_loss_metrics_backward_captured": best_ms(backward_of(captured_forward)),
+        "optimizer_update_keras": best_ms(optimizer_update),
+        "optimizer_update_compiled": best_ms(lambda: compiled_update(gradients, trainable)),
+        "metrics_keras": best_ms(lambda: model.compute_metrics(x, y, y_pred.detach(), sample_weight=None)),
     }
     graph_nodes = len(graph.graph.nodes)
     return {"batch": batch, "ms": parts, "captured_graph_nodes": graph_nodes}

@@ -59,7 +59,9 @@ def test_captured_step_under_dynamo_does_not_recompile_after_warm_up():
     # aot_eager runs dynamo and AOTAutograd as inductor does, without its C++ codegen
     # (minutes on this CPU); docs/benchmarks.md times inductor itself.
     logs, weights, step = _train(batches[:2], "aot_eager")
-    assert counters["stats"]["unique_graphs"] - frames_before == 2
+    # One graph per shape, and the optimizer's update (shape-free) once.
+    assert counters["stats"]["unique_graphs"] - frames_before == 3
+    assert step.optimizer_update.captures == 1
     for actual, expected in zip(logs, eager_logs):
         assert actual == pytest.approx(expected, rel=1e-6)
     for expected, actual in zip(eager_weights, weights):
@@ -70,6 +72,7 @@ def test_captured_step_under_dynamo_does_not_recompile_after_warm_up():
         model_step.model.train_on_batch(x, y)
     assert counters["stats"]["unique_graphs"] == frames_after_warm_up
     assert model_step.captures == 2
+    assert model_step.optimizer_update.captures == 1
 
 
 def test_dropout_differs_between_steps_in_the_captured_graph():
@@ -84,10 +87,12 @@ def test_dropout_differs_between_steps_in_the_captured_graph():
     x_t, y_t = keras.tree.map_structure(keras.ops.convert_to_tensor, (x, y))
 
     def loss_of_one_step():
-        trainable = [v.value for v in model.trainable_variables]
-        non_trainable = [v.value for v in model.non_trainable_variables]
+        values = [
+            [v.value for v in variables]
+            for variables in (model.trainable_variables, model.non_trainable_variables, model.metrics_variables)
+        ]
         with torch.no_grad():
-            return float(graph(trainable, non_trainable, x_t, y_t)[0])
+            return float(graph(*values, x_t, y_t)[0])
 
     losses = {loss_of_one_step() for _ in range(4)}
     assert len(losses) == 4  # the same weights and batch, four different dropout masks
@@ -155,3 +160,58 @@ def test_default_jit_compile_captures_only_recurring_shapes():
     step = model._captured_train_step
     assert (step.compiler, step.capture_after) == (None, AUTO_CAPTURE_AFTER)
     assert compile_transformer(model, jit_compile=False)._captured_train_step is None
+
+
+def _train_with_optimizer(batches, compiled_update, **training):
+    """A tiny model trained on `batches` by `TrainingConfig(**training)`'s optimizer.
+
+    `compiled_update`: the step's forward graph runs as it is, and the optimizer's update
+    either through Keras' `apply` (False) or captured and compiled (True; aot_eager, see above).
+    """
+    from keras_transformer.train.torch_optimizer_update import CompiledOptimizerUpdate
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    keras.utils.set_random_seed(1)
+    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
+    model = compile_transformer(kt.Transformer(config), kt.TrainingConfig(**training), jit_compile=False)
+    step = model._captured_train_step = CapturedTrainStep(model)
+    if compiled_update:
+        step.optimizer_update = CompiledOptimizerUpdate(model, compiler="aot_eager")
+    logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
+    weights = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables + model.optimizer.variables]
+    return logs, weights, step
+
+
+def test_compiled_optimizer_update_gives_keras_apply_weights():
+    """The captured update is Keras' own arithmetic: decay, clipping, schedule, moments, step.
+
+    Two optimizers in one process, one after the other: each compiled update runs its own
+    graph, never the other's (their closures share one code object, and guards are off).
+    """
+    rng = np.random.default_rng(6)
+    batches = [_batch(rng, 2, 5) for _ in range(4)]
+    for training in ({}, {"weight_decay": 0.1, "clipnorm": 0.01, "warmup_steps": 2}):
+        eager_logs, eager_weights, _ = _train_with_optimizer(batches, False, **training)
+        logs, weights, step = _train_with_optimizer(batches, True, **training)
+        assert step.optimizer_update.captures == 1
+        for actual, expected in zip(logs, eager_logs):
+            assert actual == pytest.approx(expected, rel=1e-6), training
+        for actual, expected in zip(weights, eager_weights):  # weights, then Adam's moments and step
+            np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-7, err_msg=str(training))
+
+
+def test_optimizer_whose_update_branches_on_values_keeps_keras_apply():
+    """Gradient accumulation applies every N-th step, a data-dependent branch: not captured."""
+    from keras_transformer.train.torch_optimizer_update import untraceable_reason
+
+    rng = np.random.default_rng(7)
+    batches = [_batch(rng, 2, 5) for _ in range(4)]
+    eager_logs, eager_weights, _ = _train_with_optimizer(batches, False, gradient_accumulation_steps=2)
+    logs, weights, step = _train_with_optimizer(batches, True, gradient_accumulation_steps=2)
+    assert "every N-th step" in untraceable_reason(step.model.optimizer)
+    assert step.optimizer_update.captures == 0
+    assert logs == eager_logs
+    for actual, expected in zip(weights, eager_weights):
+        np.testing.assert_array_equal(actual, expected)
+    loss_scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    assert "not finite" in untraceable_reason(loss_scaled)

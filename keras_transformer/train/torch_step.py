@@ -8,8 +8,9 @@ recompiles the shared attention code per layer past dynamo's limit. So the forwa
 and the loss are captured instead, once per batch shape, by `torch.export` in its
 non-strict mode: it *runs* the Keras Python with fake tensors and records only the aten
 ops, as a pure function of the weights (`model.stateless_call`). What remains per step is
-that graph (run as it is, or compiled by inductor for `jit_compile=True`), the backward
-pass, and Keras' optimizer and metrics, as in Keras' step.
+that graph, which updates the metrics too (run as it is, or compiled by inductor for
+`jit_compile=True`), the backward pass, and the optimizer's update: Keras' `apply`, or with
+a compiler the update captured and compiled as well (`train.torch_optimizer_update`).
 
 A bucketed pipeline feeds a few batch shapes, each captured (and compiled) once;
 `captures` counts them, so a test can show that nothing recompiles after warm-up. With
@@ -26,7 +27,8 @@ import keras
 import torch
 
 from keras_transformer import checks
-from keras_transformer.torch_capture import capture
+from keras_transformer.torch_capture import capture, compile_graph, variable_tensors
+from keras_transformer.train.torch_optimizer_update import CompiledOptimizerUpdate
 
 # `jit_compile="auto"`: a shape is captured at its 32nd batch. A capture takes seconds
 # (2.6 s for the tiny model at batch 8 on a 2-core AMD EPYC, bench/torch_step.py), so a
@@ -34,8 +36,13 @@ from keras_transformer.torch_capture import capture
 AUTO_CAPTURE_AFTER = 32
 
 
-class _ForwardAndLoss(torch.nn.Module):
-    """`(weights, batch) -> (loss, logits, non-trainable values)`: what `torch.export` traces."""
+class _ForwardLossMetrics(torch.nn.Module):
+    """`(weights, batch) -> (loss, logs, non-trainable values, metric values)`: what is traced.
+
+    The metrics are updated in the graph too, as Keras' JAX trainer updates them (a
+    `StatelessScope` over the metrics' variables): their Python (the loss tracker, the
+    compiled metrics, `result()`) costs about 0.8 ms a step on the tiny model eagerly.
+    """
 
     def __init__(self, model):
         super().__init__()
@@ -43,17 +50,26 @@ class _ForwardAndLoss(torch.nn.Module):
         # the weights from its inputs only, never from captured tensors.
         self._model = [model]
 
-    def forward(self, trainable, non_trainable, x, y):
+    def forward(self, trainable, non_trainable, metrics, x, y):
         model = self._model[0]
         y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
-        return loss, y_pred, non_trainable
+        metrics_variables = model.metrics_variables
+        with keras.StatelessScope(state_mapping=list(zip(metrics_variables, metrics))) as scope:
+            batch_size = keras.tree.flatten(x)[0].shape[0]
+            model._loss_tracker.update_state(loss.detach(), sample_weight=batch_size)
+            logs = model.compute_metrics(x, y, y_pred.detach(), sample_weight=None)
+        metrics = [
+            value if (value := scope.get_current_value(variable)) is not None else old
+            for variable, old in zip(metrics_variables, metrics)
+        ]
+        return loss, logs, non_trainable, metrics
 
 
 def _shape_key(x, y):
-    """What a captured graph is specialised to: every input's shape and dtype."""
+    """What a captured graph is specialised to: every input's shape, dtype and device."""
     leaves = keras.tree.flatten((x, y))
-    return tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves)
+    return tuple((tuple(leaf.shape), leaf.dtype, leaf.device) for leaf in leaves)
 
 
 def _as_tensors(x):
@@ -84,15 +100,19 @@ class CapturedTrainStep:
         self._batches_seen = collections.Counter()
         self._variables = []
         self.captures = 0
+        # With a compiler the optimizer's update is compiled too (a few fused kernels in
+        # place of Keras' per-weight ones); run as it is, its graph would be slower than Keras'.
+        self.optimizer_update = CompiledOptimizerUpdate(model, compiler) if compiler is not None else None
 
     def _capture(self, x, y):
         model = self.model
-        trainable = [v.value for v in model.trainable_variables]
-        non_trainable = [v.value for v in model.non_trainable_variables]
-        graph = capture(_ForwardAndLoss(model), (trainable, non_trainable, x, y))
+        trainable = variable_tensors(model.trainable_variables)
+        non_trainable = variable_tensors(model.non_trainable_variables)
+        metrics = variable_tensors(model.metrics_variables)
+        graph = capture(_ForwardLossMetrics(model), (trainable, non_trainable, metrics, x, y))
         self.captures += 1
         if self.compiler is not None:
-            graph = torch.compile(graph, backend=self.compiler, dynamic=False)
+            graph = compile_graph(graph, self.compiler)
         return graph
 
     def __call__(self, data):
@@ -103,7 +123,8 @@ class CapturedTrainStep:
         x, y = _as_tensors(x), _as_tensors(y)
         trainable_variables = model.trainable_variables
         non_trainable_variables = model.non_trainable_variables
-        variables = trainable_variables + non_trainable_variables
+        metrics_variables = model.metrics_variables
+        variables = trainable_variables + non_trainable_variables + metrics_variables
         if len(variables) != len(self._variables) or any(a is not b for a, b in zip(variables, self._variables)):
             self._graphs.clear()
             self._variables = variables
@@ -115,17 +136,18 @@ class CapturedTrainStep:
                 return None  # the caller runs Keras' own step
             graph = self._graphs[key] = self._capture(x, y)
         model.zero_grad()
-        loss, y_pred, non_trainable = graph(
-            [v.value for v in trainable_variables], [v.value for v in non_trainable_variables], x, y
+        trainable = variable_tensors(trainable_variables)
+        stateful = variable_tensors(non_trainable_variables + metrics_variables)
+        loss, logs, non_trainable, metrics = graph(
+            trainable, stateful[: len(non_trainable_variables)], stateful[len(non_trainable_variables) :], x, y
         )
         with torch.no_grad():
-            for variable, value in zip(non_trainable_variables, non_trainable):
-                if value is not variable.value:
-                    variable.assign(value)
-        batch_size = keras.tree.flatten(x)[0].shape[0]
-        model._loss_tracker.update_state(loss.detach(), sample_weight=batch_size)
+            for tensor, value in zip(stateful, non_trainable + metrics):
+                if value is not tensor:
+                    tensor.copy_(value)
         model.optimizer.scale_loss(loss).backward()
-        gradients = [v.value.grad for v in trainable_variables]
-        with torch.no_grad():
-            model.optimizer.apply(gradients, trainable_variables)
-        return model.compute_metrics(x, y, y_pred.detach(), sample_weight=None)
+        gradients = [tensor.grad for tensor in trainable]
+        if self.optimizer_update is None or not self.optimizer_update(gradients, trainable_variables):
+            with torch.no_grad():
+                model.optimizer.apply(gradients, trainable_variables)
+        return logs
