@@ -193,7 +193,8 @@ def test_prepare_stores_the_test_split_beside_val_and_train_scores_the_splits_as
     assert len(json.loads(str(archive["val_source"]))) == 10
     if keras.backend.backend() != "jax":
         pytest.skip("the screen's `train` stage runs with the JAX backend (its accelerator machine need not "
-                    "have TensorFlow; PyTorch refuses its jit_compile=True): it runs in the jax session")
+                    "have TensorFlow; on PyTorch its jit_compile=True builds inductor kernels, about a minute "
+                    "on a 2-core CPU): it runs in the jax session")
     results = tmp_path / "results.jsonl"
     main(["train", str(tmp_path / "t.npz"), "--splits", "val", "test", "--decode", "greedy",
           "--max-sentences", "3", "--log-every", "2", "--results", str(results)])

@@ -215,3 +215,30 @@ def test_optimizer_whose_update_branches_on_values_keeps_keras_apply():
         np.testing.assert_array_equal(actual, expected)
     loss_scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
     assert "not finite" in untraceable_reason(loss_scaled)
+
+
+def test_mixed_bfloat16_captured_step_with_compiled_update_trains_as_keras_eager():
+    """The GPU recipe's policy: bfloat16 layers, float32 weights, Adam and loss."""
+    from keras_transformer.train.torch_optimizer_update import CompiledOptimizerUpdate
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    rng = np.random.default_rng(8)
+    batches = [_batch(rng, 2, 5) for _ in range(3)]
+    results = {}
+    for captured in (False, True):
+        keras.utils.set_random_seed(1)
+        config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(
+            dropout=0.0, dtype_policy="mixed_bfloat16"
+        )
+        model = compile_transformer(kt.Transformer(config), jit_compile=False)
+        if captured:
+            step = model._captured_train_step = CapturedTrainStep(model)
+            step.optimizer_update = CompiledOptimizerUpdate(model, compiler="aot_eager")
+        logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
+        results[captured] = logs, [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    assert (step.captures, step.optimizer_update.captures) == (1, 1)
+    assert {str(v.dtype) for v in step.model.trainable_variables} == {"float32"}
+    for actual, expected in zip(results[True][0], results[False][0]):
+        assert actual == pytest.approx(expected, rel=1e-5)
+    for actual, expected in zip(results[True][1], results[False][1]):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
