@@ -242,3 +242,32 @@ def test_mixed_bfloat16_captured_step_with_compiled_update_trains_as_keras_eager
         assert actual == pytest.approx(expected, rel=1e-5)
     for actual, expected in zip(results[True][1], results[False][1]):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_forced_train_function_recaptures_the_schedule_a_callback_changed():
+    """`StepBudgetEstimator` sets the schedule's `total_steps` (a Python number the compiled
+    update baked in), then forces a new train function: the update must use the new total."""
+    from keras_transformer.train.budget_estimate import budget_schedule_of
+    from keras_transformer.train.torch_optimizer_update import CompiledOptimizerUpdate
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    rng = np.random.default_rng(9)
+    batches = [_batch(rng, 2, 5) for _ in range(4)]
+    results = {}
+    for compiled in (False, True):
+        keras.utils.set_random_seed(1)
+        config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
+        training = kt.TrainingConfig(warmup_steps=2, decay="linear", total_steps=1000)
+        model = compile_transformer(kt.Transformer(config), training, jit_compile=False)
+        step = model._captured_train_step = CapturedTrainStep(model)
+        if compiled:
+            step.optimizer_update = CompiledOptimizerUpdate(model, compiler="aot_eager")
+        for index, (x, y) in enumerate(batches):
+            if index == 2:  # what the estimator does: from near the peak to the floor at once
+                budget_schedule_of(model.optimizer)[0].total_steps = 3
+                model.make_train_function(force=True)
+            model.train_on_batch(x, y)
+        results[compiled] = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    for actual, expected in zip(results[True], results[False]):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-7)
+    assert step.optimizer_update.captures == 2  # once, then again after the forced rebuild

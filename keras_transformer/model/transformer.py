@@ -165,6 +165,18 @@ class Transformer(keras.Model):
                     return logs
             return super().train_step(*args)
 
+    def make_train_function(self, force=False):
+        """Keras' `make_train_function`; `force=True` also drops PyTorch's captured graphs.
+
+        A forced rebuild is how a callback says that Python values a compiled step baked
+        in have changed (`StepBudgetEstimator` setting the schedule's `total_steps`): the
+        captured step and optimizer update bake them in too, so they are captured again.
+        """
+        captured = getattr(self, "_captured_train_step", None)
+        if force and captured is not None:
+            captured.reset()
+        return super().make_train_function(force=force)
+
     def test_step(self, *args):
         """Keras' evaluation step, with no host reads (see `train_step`)."""
         with checks.no_host_reads():

@@ -53,8 +53,11 @@ class CompiledOptimizerUpdate:
 
     Call it with the gradients and the model's trainable variables, as `apply`; it
     returns True when it updated them and False when the caller must run Keras' `apply`
-    (see the module docstring for when). A change of the optimizer or of its or the
-    model's variables (a new `compile`, `enable_lora`) captures the update again.
+    (see the module docstring for when). A change of the optimizer, of its learning-rate
+    schedule object or of its or the model's variables (a new `compile`, `enable_lora`)
+    captures the update again, and so does `reset()`: the graph bakes in the schedule's
+    Python numbers (a `BudgetSchedule`'s `total_steps`), which `StepBudgetEstimator`
+    changes during `fit` before it forces a new train function.
 
     Args:
         model: the `keras.Model` whose `optimizer` to run.
@@ -68,6 +71,10 @@ class CompiledOptimizerUpdate:
         self._update = None
         self._key = None
         self._failed = False
+
+    def reset(self):
+        """Drops the compiled update (its graph baked in the schedule's Python values)."""
+        self._update, self._key, self._failed = None, None, False
 
     def _capture(self, optimizer, gradients, trainable_values):
         optimizer_values = variable_tensors(optimizer.variables)
@@ -88,7 +95,12 @@ class CompiledOptimizerUpdate:
             return False
         if any(gradient is None for gradient in gradients):
             return False
-        key = (id(optimizer), tuple(id(v) for v in optimizer.variables), tuple(id(v) for v in trainable_variables))
+        key = (
+            id(optimizer),
+            id(getattr(optimizer, "_learning_rate", None)),  # a schedule is traced into the graph
+            tuple(id(v) for v in optimizer.variables),
+            tuple(id(v) for v in trainable_variables),
+        )
         trainable_values = variable_tensors(trainable_variables)
         optimizer_values = variable_tensors(optimizer.variables)
         if key == self._key:

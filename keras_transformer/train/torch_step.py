@@ -18,7 +18,9 @@ A bucketed pipeline feeds a few batch shapes, each captured (and compiled) once;
 eager step, so shapes seen once or twice (a short `fit`, an epoch's last partial batch)
 never pay for a capture. Batches the capture cannot trace (sample weights) take Keras'
 eager step too. A change of the model's variables (`enable_lora`, `quantize`) drops the
-graphs, which were captured for the old ones.
+graphs, which were captured for the old ones, and so does `reset()` (called by
+`model.make_train_function(force=True)`, the way a callback says that Python values a
+compiled step baked in, such as a schedule's `total_steps`, have changed).
 """
 
 import collections
@@ -103,6 +105,17 @@ class CapturedTrainStep:
         # With a compiler the optimizer's update is compiled too (a few fused kernels in
         # place of Keras' per-weight ones); run as it is, its graph would be slower than Keras'.
         self.optimizer_update = CompiledOptimizerUpdate(model, compiler) if compiler is not None else None
+
+    def reset(self):
+        """Drops every captured graph and the optimizer's compiled update: each is captured again.
+
+        For Python values the graphs baked in when they were traced (a schedule's
+        `total_steps`, a dropout rate); `Transformer.make_train_function(force=True)` calls it.
+        """
+        self._graphs.clear()
+        self._batches_seen.clear()
+        if self.optimizer_update is not None:
+            self.optimizer_update.reset()
 
     def _capture(self, x, y):
         model = self.model
