@@ -209,3 +209,10 @@ def test_to_keras_hub_gives_the_same_ids(tokenizer):
     ids = hub_tokenizer(["red blue green"])
     assert np.asarray(ids[0]).tolist() == tokenizer.encode(["red blue green"])[0]
     assert hub_tokenizer.vocabulary_size() == VOCAB_SIZE
+
+
+def test_to_keras_hub_names_the_tokenizer_the_same_every_time(tokenizer):
+    """Keras' automatic names count earlier tokenizers; a saved config must not depend on that."""
+    first, second = tokenizer.to_keras_hub(), tokenizer.to_keras_hub()
+    assert first.name == second.name == "sentence_piece_tokenizer"
+    assert tokenizer.to_keras_hub(name="source_pieces").name == "source_pieces"

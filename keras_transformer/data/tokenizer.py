@@ -273,8 +273,13 @@ class SubwordTokenizer(tf.Module):
         with open(path, "rb") as file:
             return cls(file.read(), source=path)
 
-    def to_keras_hub(self):
-        """The same model as a `keras_hub.tokenizers.SentencePieceTokenizer`."""
+    def to_keras_hub(self, name="sentence_piece_tokenizer"):
+        """The same model as a `keras_hub.tokenizers.SentencePieceTokenizer` named `name`.
+
+        Named, not left to Keras' automatic names, which count the tokenizers made earlier
+        in the process ("sentence_piece_tokenizer_1", ...): its saved config is then the
+        same whenever it is made, and matches the one a preset directory holds.
+        """
         try:
             import keras_hub  # Imported here: keras-hub is slow to import, rarely needed.
         except ImportError as error:
@@ -283,7 +288,7 @@ class SubwordTokenizer(tf.Module):
                 "pip install 'keras-transformer[hub]'"
             ) from error
 
-        return keras_hub.tokenizers.SentencePieceTokenizer(proto=self._model_proto)
+        return keras_hub.tokenizers.SentencePieceTokenizer(proto=self._model_proto, name=name)
 
 
 def lone_surrogate_position(text):
