@@ -58,3 +58,23 @@ def test_short_searches_run_eagerly_until_a_shape_recurs(model):
     for _ in range(3):
         decoder(SOURCES)
     assert decoder.captured_steps.captures == 1
+
+
+@pytest.mark.parametrize("method, kwargs", [("greedy", {}), ("beam", {"beam_size": 3, "alpha": 0.6})])
+def test_a_recurring_shape_is_compiled_once_and_decodes_as_eager(model, method, kwargs):
+    """The graph is compiled at the shape's `compile_after`-th step, never again."""
+    eager = CompiledDecoder(model, method, jit_compile=False, max_length=12, **kwargs)
+    decoder = CompiledDecoder(model, method, max_length=12, **kwargs)
+    steps = decoder.captured_steps
+    assert steps.compiler == "inductor"
+    steps.compiler = "aot_eager"  # dynamo and AOTAutograd as inductor runs them, without its C++ build
+    steps.capture_after, steps.compile_after = 2, 15
+    expected_tokens, expected_scores = (keras.ops.convert_to_numpy(t) for t in eager(SOURCES))
+    compiles = []
+    for _ in range(3):  # 12 steps a search: compiled during the second
+        tokens, scores = (keras.ops.convert_to_numpy(t) for t in decoder(SOURCES))
+        compiles.append(steps.compiles)
+        np.testing.assert_array_equal(tokens, expected_tokens)
+        np.testing.assert_allclose(scores, expected_scores, atol=1e-5)
+    assert compiles == [0, 1, 1]
+    assert steps.captures == 1

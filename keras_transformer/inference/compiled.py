@@ -11,7 +11,8 @@
 - PyTorch: the loop runs in Python under `torch.no_grad()` (`keras.ops.while_loop` is a
   Python loop on this backend), and the model's `decode_step`, where the time goes, runs
   as a graph captured once per shape (`inference.torch_decode_step`) instead of through
-  the Keras layers' Python; `jit_compile=False` keeps it eager.
+  the Keras layers' Python, compiled by inductor once the shape has recurred for
+  `COMPILE_AFTER` steps; `jit_compile=False` keeps it eager.
 
 A `CompiledDecoder` traces once per distinct `[B, S]` input shape (plus dtype), so
 batches bucketed to the same shape reuse one compiled program; `trace_count` counts
@@ -60,7 +61,8 @@ class CompiledDecoder:
         method: "beam" (default), "greedy", "greedy_uncached" or "sample".
         jit_compile: bool. On TensorFlow, compile with XLA (default True); False runs a
             plain `tf.function` graph. On PyTorch, True (default) runs the decoder step
-            as a captured graph, False eagerly. Ignored on JAX.
+            as a captured graph, compiled by inductor for a shape that recurs, False
+            eagerly. Ignored on JAX.
         **decode_kwargs: passed to the decoding function (`beam_size`, `alpha`,
             `max_length`, `max_extra`, `return_all_beams`; `temperature`, `top_k`,
             `top_p` for "sample").
@@ -155,7 +157,7 @@ class CompiledDecoder:
         if self.jit_compile:
             from keras_transformer.inference.torch_decode_step import CapturedDecodeSteps
 
-            model = self.captured_steps = CapturedDecodeSteps(self.model, variables)
+            model = self.captured_steps = CapturedDecodeSteps(self.model, variables, compiler="inductor")
 
         def run(encoder_inputs, inputs):
             with torch.no_grad():
