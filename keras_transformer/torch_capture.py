@@ -68,7 +68,10 @@ def capture(module, arguments):
     """
     with checks.no_host_reads():
         program = torch.export.export(module, tuple(arguments), strict=False)
-    checked = program.module(check_guards=False)
+    try:
+        checked = program.module(check_guards=False)
+    except TypeError:  # a PyTorch before `check_guards` (the extra pins 2.13; a GPU image may differ)
+        checked = program.module()
     # A plain GraphModule of the same graph and constants, without the checking hooks.
     return strip_noop_nodes(torch.fx.GraphModule(checked, checked.graph))
 
@@ -83,8 +86,11 @@ def compile_graph(function, compiler):
     never serve another function object of the same code (the optimizer update's closure
     is one code object for every model): `isolate_recompiles` keeps each call's entries
     its own. `fullgraph`: a captured aten graph has nothing to break on, and a break would
-    be a bug to see, not to run around.
+    be a bug to see, not to run around. A PyTorch without `isolate_recompiles` keeps the
+    guards: slower, never wrong.
     """
+    if not _can_drop_guards():
+        return torch.compile(function, backend=compiler, dynamic=False, fullgraph=True)
     return torch.compile(
         function,
         backend=compiler,
@@ -92,5 +98,14 @@ def compile_graph(function, compiler):
         fullgraph=True,
         isolate_recompiles=True,
         options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+    )
+
+
+def _can_drop_guards():
+    """Whether this PyTorch has both what `compile_graph` needs to drop guards safely."""
+    import inspect
+
+    return hasattr(torch.compiler, "skip_all_guards_unsafe") and (
+        "isolate_recompiles" in inspect.signature(torch.compile).parameters
     )
 

@@ -271,3 +271,19 @@ def test_forced_train_function_recaptures_the_schedule_a_callback_changed():
     for actual, expected in zip(results[True], results[False]):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-7)
     assert step.optimizer_update.captures == 2  # once, then again after the forced rebuild
+
+
+def test_compile_graph_keeps_dynamo_guards_where_pytorch_cannot_isolate_them(monkeypatch):
+    """Without `isolate_recompiles` guards stay on: a new shape recompiles instead of misrunning."""
+    import torch
+
+    from keras_transformer import torch_capture
+
+    monkeypatch.setattr(torch_capture, "_can_drop_guards", lambda: False)
+
+    def double(x):
+        return x * 2
+
+    compiled = torch_capture.compile_graph(double, "aot_eager")
+    np.testing.assert_array_equal(compiled(torch.ones(2)).numpy(), [2.0, 2.0])
+    np.testing.assert_array_equal(compiled(torch.arange(3.0)).numpy(), [0.0, 2.0, 4.0])
