@@ -16,7 +16,6 @@ import shutil
 import signal
 import sys
 import textwrap
-import time
 
 import keras
 import numpy as np
@@ -323,11 +322,7 @@ def test_sigkill_mid_epoch_resumes_from_the_backup_with_the_same_total_steps(tmp
         child = zygote.start(TRAIN_SCRIPT, [script, model_dir, marker], tmp_path / "killed.log")
         # Meanwhile, the run that is never killed.
         reference = zygote.start(TRAIN_SCRIPT, [script, reference_dir], tmp_path / "reference.log")
-        deadline, status = time.monotonic() + 300, None
-        while not marker.exists() and status is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-            status = zygote.poll(child)
-        assert marker.exists(), (tmp_path / "killed.log").read_text()[-3000:]
+        assert zygote.wait_for(marker, child, timeout=300), (tmp_path / "killed.log").read_text()[-3000:]
         os.kill(child, signal.SIGKILL)
         child_status = zygote.wait(child)
         assert zygote.wait(reference) == 0, (tmp_path / "reference.log").read_text()[-3000:]

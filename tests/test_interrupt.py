@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import textwrap
-import time
 
 import keras
 import pytest
@@ -128,11 +127,7 @@ def test_an_interrupted_training_run_says_how_to_resume_and_the_same_command_res
     with Zygote(env) as zygote:
         paused = PAUSED.format(step=PAUSE_STEP, marker=str(marker)) + TRAIN
         child = zygote.start(paused, argv, tmp_path / "interrupted.out", err=tmp_path / "interrupted.err")
-        deadline, status = time.monotonic() + 240, None
-        while not marker.exists() and status is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-            status = zygote.poll(child)
-        assert marker.exists(), (tmp_path / "interrupted.err").read_text()[-3000:]
+        assert zygote.wait_for(marker, child, timeout=240), (tmp_path / "interrupted.err").read_text()[-3000:]
         os.kill(child, signal.SIGINT)
         status = zygote.wait(child)
         stderr = (tmp_path / "interrupted.err").read_text()

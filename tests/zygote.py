@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 SERVER = textwrap.dedent(
     """
@@ -112,6 +113,16 @@ class Zygote:
         if pid not in self.statuses:
             self.statuses[pid] = self._ask(op="wait", pid=pid)
         return self.statuses[pid]
+
+    def wait_for(self, path, pid, timeout):
+        """Waits until `path` exists, the child `pid` exits or `timeout` seconds pass.
+
+        Returns whether `path` exists: a test's child writes it at the point the test acts on.
+        """
+        deadline = time.monotonic() + timeout
+        while not path.exists() and self.poll(pid) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return path.exists()
 
     def run(self, source, argv, log, timeout=300):
         """Runs a child to its end: `(exit status, its output)`."""
