@@ -31,6 +31,14 @@ def is_number(value):
     )
 
 
+def same_objects(first, second):
+    """Whether two sequences hold the same objects in the same order.
+
+    By identity: `==` on Keras variables or tensors compares their values elementwise.
+    """
+    return len(first) == len(second) and all(a is b for a, b in zip(first, second))
+
+
 def check_positive_int(name, value):
     """Raises ValueError unless `value` is an int > 0."""
     if not is_int(value) or value <= 0:

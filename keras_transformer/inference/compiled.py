@@ -110,9 +110,9 @@ class CompiledDecoder:
     def _current_function(self):
         """The compiled function, rebuilt first if the model's variables changed."""
         variables = list(self.model.variables)
-        if not _same_objects(variables, self._variables):
+        if not checks.same_objects(variables, self._variables):
             with self._build_lock:
-                if not _same_objects(variables, self._variables):
+                if not checks.same_objects(variables, self._variables):
                     self._build(variables)
         return self._function
 
@@ -189,10 +189,6 @@ class CompiledDecoder:
 
 def _int32(x):
     return ops.cast(ops.convert_to_tensor(x), "int32")
-
-
-def _same_objects(first, second):
-    return len(first) == len(second) and all(a is b for a, b in zip(first, second))
 
 
 __all__ = ["CompiledDecoder"]

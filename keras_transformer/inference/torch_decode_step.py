@@ -24,7 +24,7 @@ import keras
 import torch
 
 from keras_transformer import checks
-from keras_transformer.torch_capture import capture, compile_graph
+from keras_transformer.torch_capture import capture, compile_graph, variable_tensors
 
 # Steps of one shape run eagerly before that shape is captured: a capture takes about
 # as long as a few dozen eager steps of the tiny model (bench/decode.py, PyTorch rows).
@@ -105,9 +105,9 @@ class CapturedDecodeSteps:
                 graph = self._graphs[key] = compile_graph(graph, self.compiler)
                 self._compiled.add(key)
                 self.compiles += 1
-        return graph([v.value for v in self._variables], *arguments)
+        return graph(variable_tensors(self._variables), *arguments)
 
     def _capture(self, arguments):
-        values = [v.value for v in self._variables]
+        values = variable_tensors(self._variables)
         self.captures += 1
         return capture(_DecodeStep(self._model, self._variables), (values, *arguments))

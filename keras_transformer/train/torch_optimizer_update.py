@@ -23,6 +23,7 @@ import warnings
 import keras
 import torch
 
+from keras_transformer import checks
 from keras_transformer.torch_capture import capture, compile_graph, variable_tensors
 
 
@@ -69,15 +70,14 @@ class CompiledOptimizerUpdate:
         self.compiler = compiler
         self.captures = 0
         self._update = None
-        self._key = None
+        self._captured_for = None
         self._failed = False
 
     def reset(self):
         """Drops the compiled update (its graph baked in the schedule's Python values)."""
-        self._update, self._key, self._failed = None, None, False
+        self._update, self._captured_for, self._failed = None, None, False
 
-    def _capture(self, optimizer, gradients, trainable_values):
-        optimizer_values = variable_tensors(optimizer.variables)
+    def _capture(self, optimizer, optimizer_values, gradients, trainable_values):
         with torch.no_grad():
             graph = capture(_StatelessApply(optimizer), (optimizer_values, gradients, trainable_values))
         self.captures += 1
@@ -95,21 +95,22 @@ class CompiledOptimizerUpdate:
             return False
         if any(gradient is None for gradient in gradients):
             return False
-        key = (
-            id(optimizer),
-            id(getattr(optimizer, "_learning_rate", None)),  # a schedule is traced into the graph
-            tuple(id(v) for v in optimizer.variables),
-            tuple(id(v) for v in trainable_variables),
+        # What the graph was captured for, compared by identity; held, so no id is reused.
+        captured_for = (
+            optimizer,
+            getattr(optimizer, "_learning_rate", None),  # a schedule is traced into the graph
+            *optimizer.variables,
+            *trainable_variables,
         )
         trainable_values = variable_tensors(trainable_variables)
         optimizer_values = variable_tensors(optimizer.variables)
-        if key == self._key:
+        if self._captured_for is not None and checks.same_objects(captured_for, self._captured_for):
             with torch.no_grad():
                 self._update(optimizer_values, gradients, trainable_values)
             return True
-        self._update, self._key = None, key
+        self._update, self._captured_for = None, captured_for
         try:  # the capture, and the compilation at the first call (before any tensor is written)
-            update = self._capture(optimizer, gradients, trainable_values)
+            update = self._capture(optimizer, optimizer_values, gradients, trainable_values)
             with torch.no_grad():
                 update(optimizer_values, gradients, trainable_values)
         except Exception as error:  # a user's optimizer whose update Python control flow drives
@@ -122,3 +123,4 @@ class CompiledOptimizerUpdate:
             return False
         self._update = update
         return True
+

@@ -138,7 +138,7 @@ class CapturedTrainStep:
         non_trainable_variables = model.non_trainable_variables
         metrics_variables = model.metrics_variables
         variables = trainable_variables + non_trainable_variables + metrics_variables
-        if len(variables) != len(self._variables) or any(a is not b for a, b in zip(variables, self._variables)):
+        if not checks.same_objects(variables, self._variables):
             self._graphs.clear()
             self._variables = variables
         key = _shape_key(x, y)
@@ -150,12 +150,11 @@ class CapturedTrainStep:
             graph = self._graphs[key] = self._capture(x, y)
         model.zero_grad()
         trainable = variable_tensors(trainable_variables)
-        stateful = variable_tensors(non_trainable_variables + metrics_variables)
-        loss, logs, non_trainable, metrics = graph(
-            trainable, stateful[: len(non_trainable_variables)], stateful[len(non_trainable_variables) :], x, y
-        )
+        non_trainable = variable_tensors(non_trainable_variables)
+        metrics = variable_tensors(metrics_variables)
+        loss, logs, new_non_trainable, new_metrics = graph(trainable, non_trainable, metrics, x, y)
         with torch.no_grad():
-            for tensor, value in zip(stateful, non_trainable + metrics):
+            for tensor, value in zip(non_trainable + metrics, new_non_trainable + new_metrics):
                 if value is not tensor:
                     tensor.copy_(value)
         model.optimizer.scale_loss(loss).backward()
