@@ -1,6 +1,6 @@
 """A WMT-sized corpus: time to the first training step, peak memory, and the batches' feed rate.
 
-The probe of issue 75: Multi30k's training split repeated to N pairs (4.5M is WMT14
+Multi30k's training split repeated to N pairs (4.5M is WMT14
 en-de's size, its sentences half as long), trained with
 
     kt-train --config training/configs/multi30k.toml --set data_dir=... --set max_train_seconds=60 --set epochs=1

@@ -114,7 +114,7 @@ SOURCE_LENGTH = 24
 FIRST_ORDINARY_ID = 4  # ids 0-3 are pad, unk, bos, eos: sources hold real-token ids
 LOGITS_TOLERANCE = 1e-4
 LOGITS_CHECK_STEPS = 3
-# Speed-up targets of the issues, judged at the longest output length measured (64 by
+# Speed-up targets the project set, judged at the longest output length measured (64 by
 # default), per preset and batch: "a/b" is b's time over a's, so >= 1 means a is faster.
 TARGETS = {
     "ours_greedy/keras_hub_greedy": 1.5,

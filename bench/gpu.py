@@ -33,7 +33,7 @@ start and end (and its one read of the loss) are spread over them (30 steps on a
 The peers are timed as hand-written loops that read their losses once, after the last
 step. Each timing waits for the device before the clock stops.
 
-Points are measured in the order given (the default puts issue 74's and 76's targets, 8k
+Points are measured in the order given (the default puts the targets' points, 8k
 and 25k tokens, first), every implementation at a point before the next point. With
 `--budget-s`, each backend gets a share of the time (what the one before left is passed
 on), starts no measurement it expects not to finish (the last one of that implementation
@@ -77,14 +77,14 @@ Once, here, in the repository's root:
 (the run ends within 540 s: JAX gets about half the budget, PyTorch what is left). It
 writes gpu.json, gpu.png and the whole log under $OUT (copy the first two to
 bench/results/); the table at the end of the output (the report section below) is the
-summary: tokens/s and MFU per point and implementation, the ratios the issues ask about,
+summary: tokens/s and MFU per point and implementation, the ratios to the peers,
 decoding, and what was not measured.
 How many points fit is unmeasured: each point compiles afresh (XLA; capture plus
-inductor; torch.compile), tens of seconds each on that machine. A session after one
-issue's targets can spend the whole call on them, with other arguments:
+inductor; torch.compile), tens of seconds each on that machine. A run after one
+backend's targets can spend the whole call on them, with other arguments:
 
-    --backends torch --presets base --tokens 8192,25600              # issue 74
-    --backends jax --tokens 8192,25600,32768 --big-tokens 25600       # issue 76
+    --backends torch --presets base --tokens 8192,25600              # PyTorch against torch.compile
+    --backends jax --tokens 8192,25600,32768 --big-tokens 25600       # JAX, base and big
 
 Writes bench/results/gpu.json and gpu.png (target tokens/s and MFU against tokens per step,
 one line per implementation, one row of panels per preset and policy).
@@ -118,7 +118,7 @@ ALL_IMPLEMENTATIONS = tuple(name for names in IMPLEMENTATIONS.values() for name 
 PEERS_WITHOUT_FLOAT16 = ("flax", "torch_eager", "torch_compiled")  # no loss scaling in the peers
 GRACE_S = 60  # a backend past its share of --budget-s by this much is stopped
 # Per device: what a run measures unless told otherwise. Tokens per step are measured in
-# the order given, the issues' targets (8k, 25k) first.
+# the order given, the points the targets are set at (8k, 25k) first.
 DEFAULTS = {
     "gpu": {
         "presets": "base,big",
@@ -618,7 +618,7 @@ LABELS = {  # every implementation, in the table's and the legend's order
     "torch_eager": "torch.nn.Transformer, eager",
     "torch_compiled": "torch.nn.Transformer, torch.compile",
 }
-# Ratios of target tokens/s at the same point: what issues 74 and 76 ask about.
+# Ratios of target tokens/s at the same point: ours against each peer, and backend against backend.
 RATIOS = (("ours_torch", "torch_compiled"), ("ours_torch", "torch_eager"), ("ours_jax", "flax"), ("ours_torch", "ours_jax"))
 
 

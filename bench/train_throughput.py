@@ -369,7 +369,7 @@ def gather(backends, presets, models, rounds, output, pinned_cpus=None):
     info = machine.machine_info()
     info["load_average_1min_at_start"] = start_load
     # One denominator for every model: the best float32 matmul rate any framework reached
-    # on this machine in this run (as the "measured peak"); the per-framework
+    # on this machine in this run (the "measured peak"); the per-framework
     # figure (`mfu`, over the model's own framework's matmul) stays beside it.
     machine_peak = max(
         (peak["wall"] for part in parts.values() for peak in part["matmul_peak_flops"].values()),
