@@ -14,8 +14,9 @@ The index is an input, so one graph serves every step of every search of that sh
 step, so a search of a few steps never pays for a capture, and its graph is compiled by
 inductor at its `compile_after`-th step (`COMPILE_AFTER`, several searches' worth), so
 only a shape that recurs, as bucketed batches of a long translation job do, pays for a
-build: about 11 s for `small` on a 2-core CPU with inductor's cache empty, after which
-greedy decoding ran 1.9x faster (`docs/benchmarks.md`, decoding across backends).
+build (seconds to tens of seconds on a 2-core CPU), after which `small` at batch 32
+decoded 1.40x faster greedy and 1.35x with beam 4 (`docs/benchmarks.md`, decoding across
+backends).
 """
 
 import collections
@@ -30,7 +31,7 @@ from keras_transformer.torch_capture import capture, compile_graph, variable_ten
 # as long as a few dozen eager steps of the tiny model (bench/decode.py, PyTorch rows).
 CAPTURE_AFTER = 8
 # Steps of one shape before its graph is compiled by inductor: four searches of 64 steps.
-# A build takes seconds to tens of seconds; a step of `small` at batch 32 saves about 6 ms
+# A build takes seconds to tens of seconds; a greedy step of `small` at batch 32 saves about 4 ms
 # compiled (2-core AMD EPYC), so a shape must recur for hundreds of steps to repay it.
 COMPILE_AFTER = 256
 
