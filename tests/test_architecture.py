@@ -30,7 +30,7 @@ FORBIDDEN = {
 }
 # Modules that hold names defined once (file names, input names, paper constants) so
 # that any layer may import them: they import no package module at all.
-LEAVES = ("file_names", "input_names", "search_defaults", "special_tokens", "version")
+LEAVES = ("file_names", "input_names", "interrupts", "search_defaults", "special_tokens", "version")
 
 
 def _module_name(path):

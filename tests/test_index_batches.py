@@ -204,7 +204,9 @@ def test_a_corpus_of_several_chunks_is_written_whole(tmp_path, tokenizer, monkey
 
 
 def test_a_killed_binarizing_leaves_nothing_that_a_later_one_keeps(tmp_path, tokenizer):
-    abandoned = tmp_path / "train.tmp-999999999"  # no such process
+    from keras_transformer.data.cache_staging import host_name
+
+    abandoned = tmp_path / f"train.tmp-{host_name()}-999999999-0a1b2c3d"  # this machine's, no such process
     abandoned.mkdir()
     (abandoned / "source.bin").write_bytes(b"half")
     write_binarized(_pairs(10), tokenizer, str(tmp_path / "train"), progress=False)

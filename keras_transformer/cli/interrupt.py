@@ -6,7 +6,13 @@ managers (its lock, its staging directory) run as for any other exception, so th
 is left as a kill leaves it, and the same command resumes it
 (`keras_transformer.train.run_directory`).
 
-This module imports only the standard library, like `common`.
+An interrupt cannot be lost: while `main` runs, SIGINT is recorded before it raises
+(`keras_transformer.interrupts`), so one that a garbage-collector callback swallowed
+(JAX's, loaded with TensorFlow) is raised again by the next long loop that checks, and
+a `main` that ends in any other way after an interrupt (it returned, or the interrupt
+became another error on its way up) still ends with the line and 130.
+
+This module imports only the standard library and the leaf `interrupts`, like `common`.
 """
 
 import contextlib
@@ -14,6 +20,8 @@ import functools
 import signal
 import subprocess
 import sys
+
+from keras_transformer import interrupts
 
 # What a shell reports for a command that Ctrl-C (SIGINT, 2) ended: 128 + the signal.
 EXIT_STATUS = 128 + signal.SIGINT
@@ -25,6 +33,9 @@ INTERRUPTED = "interrupted"  # a command that starts over when run again (transl
 def exits_on_interrupt(message=INTERRUPTED):
     """Decorates a command's `main`: a `KeyboardInterrupt` prints `message` and returns 130.
 
+    SIGINT is handled by `interrupts.handle_sigint` while `main` runs, and a recorded
+    interrupt returns 130 with `message` however `main` ended.
+
     Args:
         message: str, the one line written to stderr: `RESUMABLE` for a command whose
             work resumes when run again, else `INTERRUPTED` (the default).
@@ -33,17 +44,30 @@ def exits_on_interrupt(message=INTERRUPTED):
     def decorate(main):
         @functools.wraps(main)
         def interruptible_main(*args, **kwargs):
-            try:
-                return main(*args, **kwargs)
-            except KeyboardInterrupt:
-                with contextlib.suppress(OSError, ValueError):  # a closed or broken stdout
-                    sys.stdout.flush()  # what the command printed comes first, then the line
-                print(message, file=sys.stderr, flush=True)
-                return EXIT_STATUS
+            with interrupts.sigint_recorded():
+                try:
+                    status = main(*args, **kwargs)
+                except KeyboardInterrupt:
+                    return _report(message)
+                except BaseException:
+                    # sentencepiece, for one, wraps its sentence iterator's KeyboardInterrupt
+                    # in a RuntimeError: after Ctrl-C, whatever ended main is the interrupt.
+                    if interrupts.interrupted():
+                        return _report(message)
+                    raise
+                # A KeyboardInterrupt swallowed where no loop checked again: the user still asked to stop.
+                return _report(message) if interrupts.interrupted() else status
 
         return interruptible_main
 
     return decorate
+
+
+def _report(message):
+    with contextlib.suppress(OSError, ValueError):  # a closed or broken stdout
+        sys.stdout.flush()  # what the command printed comes first, then the line
+    print(message, file=sys.stderr, flush=True)
+    return EXIT_STATUS
 
 
 def call_in_foreground(command, **kwargs):

@@ -13,13 +13,20 @@ touches. The directory holds:
     lengths.npy                 int32 [pairs]: max(source, target) + 1, the length the
                                 batches bucket by (what `data.pipeline` counts, with EOS/BOS)
     meta.json                   pairs, tokens, the tokenizer's fingerprint, what was read
-                                and skipped
+                                and skipped; each file's byte size and blake2b, the
+                                largest id of each side, and a checksum of itself
 
-`write_binarized` writes it beside its final place and renames it there, so a directory
-that exists is whole.
+`write_binarized` writes it in a staging directory beside its final place
+(`data.cache_staging`: named by host and process, so a cache folder shared by several
+machines works) and renames it there, so a directory that exists was whole once. The
+checksums are computed as the files are written: no second pass. `open_binarized`
+verifies the whole copy at every open (`data.binarized_checks`: sizes, shapes, offsets,
+and the checksums, one read of the files) and names the file and what is wrong when it
+is not what was written; `text_corpus.binarized_corpus` then binarizes the corpus again.
 """
 
 import dataclasses
+import errno
 import itertools
 import json
 import mmap
@@ -29,9 +36,9 @@ import time
 
 import numpy as np
 
-
-META_FILE = "meta.json"
-FORMAT_VERSION = 1
+from keras_transformer import interrupts
+from keras_transformer.data import binarized_checks, cache_staging, digests
+from keras_transformer.data.binarized_checks import FORMAT_VERSION, META_FILE, BinarizedCorpusError
 
 # Pairs tokenized at a time: sentencepiece's batch call amortizes the Python overhead,
 # and a chunk of ~50k pairs stays a few MB whatever the corpus size.
@@ -79,22 +86,27 @@ class BinarizedCorpus:
 
 
 def open_binarized(directory):
-    """Maps the arrays of a binarized corpus; reads nothing but `meta.json`.
+    """Maps the arrays of a binarized corpus, once they are verified to be what was written.
+
+    Verifying reads every file once (`data.binarized_checks`); the arrays are then mapped,
+    not read.
 
     Raises:
-        FileNotFoundError: no binarized corpus in `directory`.
-        ValueError: a format this version does not read.
+        FileNotFoundError: no binarized corpus in `directory` (no `meta.json`).
+        BinarizedCorpusError (a ValueError): a file missing, cut, changed or inconsistent,
+            or a format this version does not read; the message names the file.
     """
-    meta_path = os.path.join(directory, META_FILE)
-    if not os.path.isfile(meta_path):
-        raise FileNotFoundError(f"No binarized corpus in {directory}: {META_FILE} is missing.")
-    with open(meta_path, encoding="utf-8") as file:
-        meta = json.load(file)
-    if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(
-            f"{meta_path} has format {meta.get('format')!r}; this version reads format "
-            f"{FORMAT_VERSION}. Delete {directory} to binarize the corpus again."
-        )
+    meta = binarized_checks.read_meta(directory)
+    binarized_checks.check_sizes(directory, meta)
+    corpus = _mapped(directory, meta)
+    binarized_checks.check_shapes(corpus)
+    binarized_checks.check_checksums(directory, meta)
+    binarized_checks.check_structure(corpus)
+    return corpus
+
+
+def _mapped(directory, meta):
+    """The `BinarizedCorpus` of `directory`'s files, mapped (its files' sizes already checked)."""
     dtype = np.dtype(meta["dtype"])
 
     def ids(name):
@@ -104,7 +116,10 @@ def open_binarized(directory):
         return np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.zeros(0, dtype)
 
     def array(name):
-        return np.load(os.path.join(directory, name), mmap_mode="r")
+        try:
+            return np.load(os.path.join(directory, name), mmap_mode="r")
+        except (ValueError, OSError, EOFError) as error:  # numpy's own messages name no file
+            raise BinarizedCorpusError(directory, name, f"not a readable .npy array ({error})") from None
 
     corpus = BinarizedCorpus(
         directory=directory,
@@ -129,23 +144,27 @@ def _advise(array, advice):
         mapping.madvise(getattr(mmap, advice))
 
 
-def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=None, progress=True):
+def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=None, progress=True, print_fn=print):
     """Tokenizes `pairs` once and writes them to `directory` as a binarized corpus.
 
     Streams: `pairs` is read one chunk at a time, so memory stays bounded (the offsets,
-    8 bytes a pair a side, are the only thing that grows). Written in a temporary
-    directory beside `directory` and renamed onto it; if another process finished first,
-    its copy is kept.
+    8 bytes a pair a side, are the only thing that grows). Written in a staging directory
+    beside `directory` and renamed onto it. If `directory` is there by then, it is
+    verified: another run's finished copy is used and this one dropped; a copy that fails
+    (`open_binarized`) is moved aside, replaced by this one, then deleted, so the cache
+    never goes without a copy while one is written. Ctrl-C is checked at every chunk
+    (`interrupts`); an interrupted or failed write leaves no staging directory behind.
 
     Args:
         pairs: iterable of `(source, target)` str pairs (`data.readers.iter_*`).
         tokenizer: a `SubwordTokenizer` (its `encode` cuts both sides).
-        directory: str, where the corpus goes; must not exist yet.
+        directory: str, where the corpus goes.
         vocab_size: int, the model's vocabulary: every id is checked to be below it.
             Defaults to the tokenizer's.
         extra_meta: dict, more entries for `meta.json`, or a callable returning it,
             called once every pair is read (for counts the reading fills in).
         progress: bool, a tqdm progress bar on stderr.
+        print_fn: callable for one line when another run's copy is used instead, or None.
 
     Returns:
         The opened `BinarizedCorpus`.
@@ -155,9 +174,8 @@ def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=
     """
     vocab_size = vocab_size or tokenizer.vocab_size
     dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-    _remove_abandoned_staging(directory)
-    staging = f"{directory}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    cache_staging.remove_abandoned(directory)
+    staging = cache_staging.new_path(directory)
     os.makedirs(staging)
     started = time.monotonic()
     try:
@@ -168,63 +186,83 @@ def write_binarized(pairs, tokenizer, directory, *, vocab_size=None, extra_meta=
             "pairs": counts["pairs"],
             "source_tokens": counts["source_tokens"],
             "target_tokens": counts["target_tokens"],
+            "source_max_id": counts["source_max_id"],
+            "target_max_id": counts["target_max_id"],
             "tokenizer_sha256": tokenizer.fingerprint,
             "vocab_size": vocab_size,
+            "files": counts["files"],
             "seconds": round(time.monotonic() - started, 1),
             **((extra_meta() if callable(extra_meta) else extra_meta) or {}),
         }
+        meta[binarized_checks.META_CHECKSUM] = binarized_checks.meta_checksum(meta)
         with open(os.path.join(staging, META_FILE), "w", encoding="utf-8") as file:
             json.dump(meta, file, indent=1)
-        try:
-            os.rename(staging, directory)
-        except OSError:
-            if not os.path.isfile(os.path.join(directory, META_FILE)):
-                raise
-            # Another worker binarized the same corpus first: keep its copy.
+        return _publish(staging, directory, meta, print_fn)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return open_binarized(directory)
 
 
-def _remove_abandoned_staging(directory):
-    """Deletes `directory.tmp-PID` folders of processes that died while binarizing (killed runs)."""
-    parent, name = os.path.split(os.path.abspath(directory))
-    for entry in os.listdir(parent) if os.path.isdir(parent) else ():
-        pid = entry[len(name) + len(".tmp-"):]
-        if entry.startswith(f"{name}.tmp-") and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+def _publish(staging, directory, meta, print_fn, attempts=5):
+    """Renames the finished `staging` onto `directory`; returns the corpus now there.
 
-
-def _alive(pid):
+    A `directory` already there (another run finished the same corpus first, or a copy
+    found damaged) is verified: kept if whole, else moved aside, replaced, and deleted.
+    """
+    asides = []
     try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        for _ in range(attempts):
+            try:
+                os.rename(staging, directory)
+                return _mapped(directory, meta)
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+            try:
+                present = open_binarized(directory)
+            except (BinarizedCorpusError, FileNotFoundError):
+                aside = cache_staging.new_path(directory, "old")
+                try:
+                    os.rename(directory, aside)
+                    asides.append(aside)
+                except FileNotFoundError:
+                    pass  # another run moved it first
+                continue
+            if print_fn is not None:
+                print_fn(f"binarized corpus: another run finished {directory} first; its copy is used (verified)")
+            return present
+        raise OSError(f"Could not rename {staging} onto {directory}: other runs kept replacing it.")
+    finally:
+        for aside in asides:
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
-    """Writes the id files and the offsets / lengths arrays; returns the counts.
+    """Writes the id files and the offsets / lengths arrays; returns the counts and each file's size and digest.
 
     The per-pair lengths go to scratch files as they come, and the offsets are summed
-    from them block by block: nothing held in memory grows with the corpus.
+    from them block by block: nothing held in memory grows with the corpus. Each file
+    is hashed as it is written.
     """
     import tqdm
 
     sides = ("source", "target")
     files = {name: open(os.path.join(staging, name), "wb") for name in
              ("source.bin", "target.bin", "source_lengths.tmp", "target_lengths.tmp")}
-    pairs_written, tokens = 0, {side: 0 for side in sides}
+    hashes = {side: digests.new_digest() for side in sides}
+    pairs_written, tokens, largest = 0, {side: 0 for side in sides}, {side: 0 for side in sides}
     bar = tqdm.tqdm(unit=" pairs", unit_scale=True, desc="binarizing", disable=not progress, mininterval=2)
     try:
         for encoded in _encoded_chunks(pairs, tokenizer):
+            interrupts.raise_if_interrupted()  # an interrupt a gc callback swallowed stops here
+            cache_staging.heartbeat(staging)
             for side, (side_lengths, flat) in zip(sides, encoded):
                 _check_ids(flat, vocab_size)
-                flat.astype(dtype).tofile(files[f"{side}.bin"])
+                ids = flat.astype(dtype)
+                ids.tofile(files[f"{side}.bin"])
+                hashes[side].update(ids)
                 side_lengths.astype(np.int32).tofile(files[f"{side}_lengths.tmp"])
                 tokens[side] += len(flat)
+                largest[side] = max(largest[side], int(flat.max()) if flat.size else 0)
             pairs_written += len(encoded[0][0])
             bar.update(len(encoded[0][0]))
     finally:
@@ -233,28 +271,49 @@ def _write_ids(pairs, tokenizer, staging, dtype, vocab_size, progress):
             file.close()
     if not pairs_written:
         raise ValueError("No sentence pairs to binarize. Expected at least one pair.")
-    _write_offsets_and_lengths(staging, pairs_written)
-    return {"pairs": pairs_written, "source_tokens": tokens["source"], "target_tokens": tokens["target"]}
+    index_hashes = _write_offsets_and_lengths(staging, pairs_written)
+    files = {f"{side}.bin": hashes[side] for side in sides} | index_hashes
+    return {
+        "pairs": pairs_written,
+        "source_tokens": tokens["source"], "target_tokens": tokens["target"],
+        "source_max_id": largest["source"], "target_max_id": largest["target"],
+        "files": {name: {"bytes": os.path.getsize(os.path.join(staging, name)), digests.NAME: digest.hexdigest()}
+                  for name, digest in files.items()},
+    }
 
 
 def _write_offsets_and_lengths(staging, count, block=1 << 20):
-    """`{side}_offsets.npy` and `lengths.npy` from the scratch length files, a block at a time."""
+    """`{side}_offsets.npy` and `lengths.npy` from the scratch length files, a block at a time.
+
+    Returns:
+        {file name: its digest}, each fed the file's bytes as they are written.
+    """
     side_lengths = {side: np.memmap(os.path.join(staging, f"{side}_lengths.tmp"), np.int32, mode="r")
                     for side in ("source", "target")}
     offsets = {side: np.lib.format.open_memmap(os.path.join(staging, f"{side}_offsets.npy"), "w+", np.int64, (count + 1,))
                for side in side_lengths}
     lengths = np.lib.format.open_memmap(os.path.join(staging, "lengths.npy"), "w+", np.int32, (count,))
+    hashes = {}
+    for name, array in [*((f"{side}_offsets.npy", offsets[side]) for side in offsets), ("lengths.npy", lengths)]:
+        hashes[name] = digests.new_digest()
+        with open(os.path.join(staging, name), "rb") as file:
+            hashes[name].update(file.read(array.offset))  # the .npy header, written by open_memmap
     for start in range(0, count, block):
+        interrupts.raise_if_interrupted()
         stop = min(start + block, count)
         for side, values in side_lengths.items():
             np.cumsum(values[start:stop], dtype=np.int64, out=offsets[side][start + 1:stop + 1])
             offsets[side][start + 1:stop + 1] += offsets[side][start]
+            # offsets[0] (zero) goes with the first block; each block adds its own entries.
+            hashes[f"{side}_offsets.npy"].update(offsets[side][start + (start > 0):stop + 1])
         lengths[start:stop] = np.maximum(side_lengths["source"][start:stop], side_lengths["target"][start:stop]) + 1
+        hashes["lengths.npy"].update(lengths[start:stop])
     for array in (*offsets.values(), lengths):
         array.flush()
     del side_lengths, offsets, lengths  # unmapped before the scratch files go
     for side in ("source", "target"):
         os.remove(os.path.join(staging, f"{side}_lengths.tmp"))
+    return hashes
 
 
 def _encoded_chunks(pairs, tokenizer):
@@ -286,4 +345,4 @@ def _check_ids(flat, vocab_size):
         )
 
 
-__all__ = ["BinarizedCorpus", "open_binarized", "write_binarized"]
+__all__ = ["BinarizedCorpus", "BinarizedCorpusError", "open_binarized", "write_binarized"]
