@@ -58,12 +58,12 @@ from keras_transformer.train.run_directory import (
     RunDirectory,
     backed_up_epochs,
     describe_plan,
-    exclusive_use,
     finish_run,
     plan_model_directory,
     recover_interrupted_swap,
     stage_run,
 )
+from keras_transformer.train.run_lock import exclusive_use
 
 
 @dataclasses.dataclass
@@ -125,8 +125,8 @@ def run_training(run_config, *, print_fn=print):
         print_fn: callable for the summary lines; default `print`.
 
     Raises:
-        FileExistsError: the directory holds a finished run and `overwrite` is false,
-            or another run is writing it now.
+        FileExistsError: the directory holds a finished run and `overwrite` is false;
+            `run_lock.ModelDirectoryInUse`, one, when another run holds it now.
         ValueError: a bad corpus, or an interrupted run of other settings in the way
             (with the settings that differ).
     """
@@ -137,6 +137,8 @@ def run_training(run_config, *, print_fn=print):
         # tf.data below); the scope around fit reuses this cached strategy.
         distribute.select_strategy(run_config.strategy or None)
     chief = distribute.is_chief()
+    # The lock first, before the directory is read: of two runs started together one
+    # waits for nothing and the other is refused. Only the chief writes there.
     with exclusive_use(run_config.model_dir) if chief else contextlib.nullcontext():
         plan = _plan_run(run_config, chief, print_fn)
         keras.utils.set_random_seed(run_config.seed)

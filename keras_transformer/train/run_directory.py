@@ -9,9 +9,12 @@ earlier run moved aside in the same breath and deleted (the user's own files in 
 carried over). A kill at any point leaves `output_dir/name` as it was or whole;
 `recover_interrupted_swap` completes a rename that a kill interrupted, and
 `repair_backup` restores a backup that Keras was writing when the kill came.
+
+All of it runs under the lock of `run_lock.exclusive_use`, taken before anything here
+reads the directory: one staging directory per model directory is enough, since one
+run at a time writes it.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -42,7 +45,7 @@ _RUN_OUTPUTS = (
 # Siblings of output_dir/name, hidden (RunConfig refuses names starting with "."):
 STAGING_SUFFIX = ".staging"  # the run being written
 _RETIRED_SUFFIX = ".retired"  # the earlier run, for the moment between two renames
-_LOCK_SUFFIX = ".lock"  # held while a run prepares or writes its directory
+# (and `.name.lock`, run_lock.py's: held by the run for its whole length)
 
 
 # The files of Keras' BackupAndRestore(double_checkpoint=True) in backup/.
@@ -295,39 +298,6 @@ def _sibling(model_dir, suffix):
     return os.path.join(parent, f".{name}{suffix}")
 
 
-@contextlib.contextmanager
-def exclusive_use(model_dir):
-    """Holds `.<name>.lock` beside `model_dir`, so two runs never write one directory.
-
-    An advisory `flock`, released by the OS when the process ends, however it ends; the
-    file is removed when the run ends. Nothing is locked where there is no `fcntl`
-    (Windows), nor where `output_dir` does not exist yet (nothing there to protect; a
-    run refused before it writes then leaves no trace).
-    """
-    path = _sibling(model_dir, _LOCK_SUFFIX)
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    if fcntl is None or not os.path.isdir(os.path.dirname(path) or "."):
-        yield
-        return
-    with open(path, "a") as file:
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FileExistsError(
-                f"Another run is writing {model_dir} (it holds {path}); wait for it to end, "
-                "or choose another `name` or `output_dir`."
-            ) from None
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-            fcntl.flock(file, fcntl.LOCK_UN)
-
-
 def _differences_from_stored(run_config, directory):
     """`RunConfig.differences` between the run stored in `directory` and `run_config`."""
     path = os.path.join(directory, model_directory.CONFIG_FILE)
@@ -386,7 +356,6 @@ __all__ = [
     "RunDirectory",
     "plan_model_directory",
     "describe_plan",
-    "exclusive_use",
     "staging_directory",
     "stage_run",
     "repair_backup",
