@@ -1,15 +1,21 @@
-"""Training on a streamed, binarized corpus through `run_training`, on every backend.
+"""Training on a binarized corpus through `run_training`, on every backend.
 
 A file corpus (gzip included) is binarized once under `binarized_dir` and opened by
-later runs; a resumed run's batches continue where the finished epochs stopped.
+later runs; the demo corpus is binarized in memory. Either way a resumed run's batches
+continue where the finished epochs stopped.
 """
 
 import gzip
 
+import keras
 import numpy as np
+import pytest
 
+from conftest import once_on
+from keras_transformer.data.index_batches import IndexBatches
 from keras_transformer.data.text_corpus import TextCorpus
 from keras_transformer.data.tokenizer import train_tokenizer
+from keras_transformer.train import run
 from keras_transformer.train.run import load_corpus, make_datasets, run_training
 from keras_transformer.train.run_config import RunConfig
 
@@ -85,3 +91,56 @@ def test_the_binarized_copy_goes_to_the_user_cache_not_beside_the_run(tmp_path, 
     make_datasets(run_config, run_config.model_config(40), splits, tokenizer, print_fn=lambda line: None)
     assert [path.name.split("-")[0] for path in (tmp_path / "cache" / "binarized").iterdir()] == ["train"]
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the demo corpus, in memory
+def _demo_config(tmp_path, **changes):
+    # One bucket (bucket_width = max_length): one batch shape, one trace of the step.
+    return _config(tmp_path, corpus="demo", data_dir="", demo_num_train=120, vocab_size=100, steps_per_epoch=2,
+                   bucket_width=32, **{"model": dict(d_model=16, d_ff=32, num_heads=2, num_encoder_layers=1,
+                                                     num_decoder_layers=1, max_length=32, dropout=0.0), **changes})
+
+
+def test_a_resumed_demo_run_reads_on_from_the_batch_where_it_stopped(tmp_path):
+    run_config = _demo_config(tmp_path)
+    splits = load_corpus(run_config)
+    assert isinstance(splits["train"], list) and len(splits["train"]) == 120
+    tokenizer = train_tokenizer([side for pair in splits["train"] for side in pair], 100)
+    model_config = run_config.model_config(tokenizer.vocab_size)
+    unbroken = make_datasets(run_config, model_config, splits, tokenizer, print_fn=lambda line: None)
+    resumed = make_datasets(run_config, model_config, splits, tokenizer, completed_epochs=2, print_fn=lambda line: None)
+    assert unbroken.target_tokens == resumed.target_tokens > 120  # counted as the pairs were binarized
+    expected = [batch for batch in unbroken.train.take(6).as_numpy_iterator()][4:]
+    for (want_inputs, want_labels), (inputs, labels) in zip(expected, resumed.train.take(2).as_numpy_iterator()):
+        np.testing.assert_array_equal(labels, want_labels)
+        np.testing.assert_array_equal(inputs["encoder_inputs"], want_inputs["encoder_inputs"])
+
+
+class _Killed(Exception):
+    pass
+
+
+@once_on("tensorflow", "the batch stream is tf.data and the backup Keras' files on every backend; three runs "
+                       "cost half a minute")
+def test_a_demo_run_killed_after_an_epoch_resumes_at_the_next_batch_as_an_unbroken_run(tmp_path, monkeypatch):
+    starts = []  # the global batch each run's training stream starts at
+    dataset = IndexBatches.dataset
+    monkeypatch.setattr(IndexBatches, "dataset", lambda self, start=0, replicas=1: starts.append(start) or dataset(self, start, replicas))
+
+    class KillAtEpoch(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise _Killed  # after BackupAndRestore saved epoch 2
+
+    callbacks = run._run_callbacks
+    with monkeypatch.context() as patched:
+        patched.setattr(run, "_run_callbacks", lambda *args, **kwargs: callbacks(*args, **kwargs) + [KillAtEpoch()])
+        with pytest.raises(_Killed):
+            run_training(_demo_config(tmp_path, epochs=3), print_fn=lambda line: None)
+    resumed = run_training(_demo_config(tmp_path, epochs=3), print_fn=lambda line: None)
+    unbroken = run_training(_demo_config(tmp_path, epochs=3, name="unbroken"), print_fn=lambda line: None)
+    assert starts == [0, 4, 0]  # the resumed stream starts after epochs 1 and 2's 2 batches each
+    assert (resumed.steps, unbroken.steps) == (2, 6)
+    # The same batches after the same weights: the same model, to float32 rounding.
+    for got, want in zip(resumed.model.weights, unbroken.model.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), atol=1e-5)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.data.binarized import open_binarized, write_binarized
+from keras_transformer.data.in_memory_corpus import IN_MEMORY, in_memory_corpus
 from keras_transformer.data.index_batches import IndexBatches, Shard
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
@@ -219,3 +220,44 @@ def test_bucket_members_read_in_blocks_are_those_read_whole(corpus):
     whole = _bucket_members(corpus.lengths, [4, 8, 12], 12, "drop")
     blocks = _bucket_members(corpus.lengths, [4, 8, 12], 12, "drop", block=7)
     assert whole[1] == blocks[1] and all(np.array_equal(a, b) for a, b in zip(whole[0], blocks[0]))
+
+
+# ---------------------------------------------------------------- a list of pairs, in memory
+def test_an_in_memory_corpus_holds_the_arrays_of_the_files(corpus, tokenizer):
+    in_memory = in_memory_corpus(_pairs(), tokenizer)
+    assert in_memory.directory == IN_MEMORY
+    for name in ("source_ids", "target_ids", "source_offsets", "target_offsets", "lengths"):
+        on_disk, held = np.asarray(getattr(corpus, name)), getattr(in_memory, name)
+        assert held.dtype == on_disk.dtype, name
+        np.testing.assert_array_equal(held, on_disk, err_msg=name)
+    for key in ("format", "dtype", "pairs", "source_tokens", "target_tokens", "tokenizer_sha256", "vocab_size"):
+        assert in_memory.meta[key] == corpus.meta[key], key
+
+
+def test_an_in_memory_corpus_gives_the_batches_of_the_files(corpus, tokenizer):
+    settings = dict(max_length=12, tokens_per_batch=48, seed=4)
+    from_files, from_memory = IndexBatches(corpus, **settings), IndexBatches(in_memory_corpus(_pairs(), tokenizer), **settings)
+    assert from_memory.stats == from_files.stats
+    for step in range(from_files.num_batches + 2):  # into the second epoch
+        (inputs, labels), (inputs_again, labels_again) = from_files.batch(step), from_memory.batch(step)
+        np.testing.assert_array_equal(labels_again, labels)
+        for key in inputs:
+            np.testing.assert_array_equal(inputs_again[key], inputs[key])
+
+
+def test_an_in_memory_corpus_refuses_what_it_cannot_batch(tokenizer):
+    with pytest.raises(ValueError, match=r"`pairs` is empty"):
+        in_memory_corpus([], tokenizer)
+    with pytest.raises(ValueError, match=re.escape("Received: ('ein', 3) at index 1")):
+        in_memory_corpus([("ein", "a"), ("ein", 3)], tokenizer)
+    with pytest.raises(ValueError, match=r"The target of the pair at index 0 is not valid Unicode.*'\\ud800' at character 1"):
+        in_memory_corpus([("ein", "a\ud800")], tokenizer)
+    with pytest.raises(ValueError, match=r"token ids outside \[0, vocab_size=8\) \(from \d+ to \d+\)"):
+        in_memory_corpus(_pairs(4), tokenizer, vocab_size=8)
+
+
+def test_a_side_of_empty_sentences_is_batched_as_eos_alone(tokenizer):
+    batches = IndexBatches(in_memory_corpus([("", "ein haus")] * 2, tokenizer), max_length=12, tokens_per_batch=48)
+    inputs, labels = batches.batch(0)
+    assert inputs["encoder_inputs"][:, 0].tolist() == [3, 3] and not inputs["encoder_inputs"][:, 1:].any()
+    assert labels[0, :2].tolist() == tokenizer.encode(["ein haus"])[0][:2]

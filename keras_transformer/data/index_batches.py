@@ -222,6 +222,8 @@ def _bucket_members(lengths, boundaries, max_length, overlong, block=1 << 20):
 def _padded(ids, offsets, pairs, length, first):
     """`[len(pairs), length]` ids of each pair from column `first` on (beyond it: any value, masked later)."""
     columns = np.arange(length) - first
+    if not len(ids):  # every sentence of this side is empty: nothing but what the mask puts there
+        return np.zeros((len(pairs), length), np.int32)
     positions = offsets[pairs][:, None] + np.maximum(columns, 0)[None, :]
     return ids[np.minimum(positions, max(len(ids) - 1, 0))].astype(np.int32)
 

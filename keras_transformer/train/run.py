@@ -136,6 +136,7 @@ def run_training(run_config, *, print_fn=print):
         # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
         # tf.data below); the scope around fit reuses this cached strategy.
         distribute.select_strategy(run_config.strategy or None)
+    check_sampling_strategy(run_config)
     chief = distribute.is_chief()
     # The lock first, before the directory is read: of two runs started together one
     # waits for nothing and the other is refused. Only the chief writes there.
@@ -283,12 +284,15 @@ def load_corpus(run_config):
 def streams_training_split(run_config):
     """Whether the training split is streamed and binarized rather than held as a list.
 
-    A file, TSV or TFDS corpus is; the demo corpus is generated in memory, and packing
-    and subword sampling work on the text (`data.pipeline.make_dataset`).
+    A file, TSV or TFDS corpus is. The demo corpus is generated in memory (and batched
+    from an in-memory `BinarizedCorpus`); subword sampling cuts the text anew each
+    epoch, so a sampled run holds its text (`data.pipeline.make_dataset`).
     """
-    sampling = run_config.subword_sampling_source or run_config.subword_sampling_target
-    in_memory = run_config.packing or sampling
-    return run_config.corpus != "demo" and not in_memory
+    return run_config.corpus != "demo" and not (_samples_subwords(run_config) or run_config.packing)
+
+
+def _samples_subwords(run_config):
+    return bool(run_config.subword_sampling_source or run_config.subword_sampling_target)
 
 
 def prepare_tokenizer(run_config, train_pairs, model_dir=None, resuming=False):
@@ -346,41 +350,53 @@ class Datasets:
 
 
 def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0, print_fn=print):
-    """Training and validation batches (token budget, padded to length buckets; training's packed with `packing`).
+    """Training and validation batches (token budget, padded to length buckets).
 
-    With subword sampling the training batches repeat, and a Keras epoch is
-    `steps_per_epoch` batches (default one unsampled pass's worth). A streamed training
-    split (a `TextCorpus`: any file, TSV or TFDS corpus) is binarized once and batched
-    from index arrays instead (`_binarized_datasets`), a resumed run's from the batch
-    after its `completed_epochs`.
+    The training split becomes a `BinarizedCorpus` and is batched from index arrays
+    (`_binarized_datasets`): a streamed one (a `TextCorpus`: any file, TSV or TFDS
+    corpus) binarized once to files (cached), a list of pairs (the demo corpus) in
+    memory. Either way a resumed run's stream starts at the batch after its
+    `completed_epochs`, and each worker of a multi-worker run reads its rows.
+
+    With subword sampling, which cuts the text anew each epoch from sentencepiece's
+    unseeded draws, the training batches are `make_dataset`'s instead: they repeat, a
+    Keras epoch is `steps_per_epoch` batches (default one unsampled pass's worth), and
+    a resumed run starts its epoch afresh (`check_sampling_strategy` refuses several
+    workers).
     """
+    from keras_transformer.data.in_memory_corpus import in_memory_corpus
     from keras_transformer.data.pipeline import make_dataset
-    from keras_transformer.data.text_corpus import TextCorpus
+    from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
 
     batching = dict(
         vocab_size=config.vocab_size,  # ids beyond the model's embedding are refused here
         max_length=config.max_length,
         tokens_per_batch=run_config.tokens_per_batch,
         bucket_boundaries=run_config.bucket_boundaries(config.max_length),
-        packing=run_config.packing,
     )
     validation = None
-    if splits.get("validation"):  # packing is for the training batches only
-        validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **dict(batching, packing=False))
-    if isinstance(splits["train"], TextCorpus):
-        return _binarized_datasets(run_config, config, splits["train"], tokenizer, validation, completed_epochs, print_fn)
-    sampling = (run_config.subword_sampling_source, run_config.subword_sampling_target)
-    train, train_stats = make_dataset(
-        splits["train"],
-        tokenizer,
-        seed=run_config.seed,
+    if splits.get("validation"):
+        validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
+    train = splits["train"]
+    if _samples_subwords(run_config) or run_config.packing:
+        if isinstance(train, TextCorpus):
+            train = list(train)
+        sampling = (run_config.subword_sampling_source, run_config.subword_sampling_target)
         # Sampled segmentations change the batches an epoch holds: always repeated.
-        repeat=bool(run_config.steps_per_epoch) or any(sampling),
-        subword_sampling=sampling,
-        **batching,
-    )
-    steps_per_epoch = run_config.steps_per_epoch or (train_stats.num_batches if any(sampling) else None)
-    return Datasets(train=train, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
+        batches, train_stats = make_dataset(
+            train, tokenizer, seed=run_config.seed, repeat=True, subword_sampling=sampling,
+            packing=run_config.packing, **batching
+        )
+        steps_per_epoch = run_config.steps_per_epoch or train_stats.num_batches
+        return Datasets(train=batches, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)
+    if isinstance(train, TextCorpus):
+        binarized = binarized_corpus(
+            train, tokenizer, _binarized_dir(run_config), vocab_size=config.vocab_size, print_fn=print_fn,
+            progress=run_config.verbose == 1,
+        )
+    else:
+        binarized = in_memory_corpus(train, tokenizer, vocab_size=config.vocab_size)
+    return _binarized_datasets(run_config, config, binarized, validation, completed_epochs)
 
 
 def build_and_compile(run_config, config):
@@ -552,19 +568,14 @@ def _plain_or_gzip(path):
     return f"{path}.gz" if not os.path.exists(path) and os.path.exists(f"{path}.gz") else path
 
 
-def _binarized_datasets(run_config, config, corpus, tokenizer, validation, completed_epochs, print_fn):
-    """`Datasets` of a streamed training split: binarized once (cached), batched from index arrays.
+def _binarized_datasets(run_config, config, binarized, validation, completed_epochs):
+    """`Datasets` of a training split's `BinarizedCorpus` (on disk or in memory), batched from index arrays.
 
     The batch stream is endless and positioned by batch number: a run resumed after
     `completed_epochs` Keras epochs starts at the batch after the last one trained, and
     reads nothing before it (`data.index_batches`).
     """
     from keras_transformer.data.index_batches import IndexBatches, Shard, distributed_dataset
-    from keras_transformer.data.text_corpus import binarized_corpus
-
-    binarized = binarized_corpus(
-        corpus, tokenizer, _binarized_dir(run_config), vocab_size=config.vocab_size, print_fn=print_fn, progress=run_config.verbose == 1
-    )
 
     def make_batches(shard):
         return IndexBatches(
@@ -589,6 +600,49 @@ def _binarized_datasets(run_config, config, corpus, tokenizer, validation, compl
         steps_per_epoch=steps_per_epoch,
         target_tokens=binarized.meta["target_tokens"] + binarized.num_pairs,
     )
+
+
+def check_sampling_strategy(run_config):
+    """Refuses subword sampling in a run of several worker processes, naming both settings.
+
+    A sampled run's batches come from sentencepiece's draws, which no seed makes the same
+    in two processes (`set_random_generator_seed` repeats them within one process only):
+    workers would cut the same pair differently, plan different batches and step apart.
+    Such a run is one process, and resumes at the start of the epoch it was killed in.
+
+    Raises:
+        ValueError: sampling and a multi-worker strategy, or several JAX or PyTorch processes.
+    """
+    if not _samples_subwords(run_config):
+        return
+    processes = _worker_processes(run_config)
+    if processes is None or processes > 1 or run_config.strategy == "multi_worker":
+        raise ValueError(
+            "Subword sampling does not combine with training in several worker processes: each "
+            "process would draw other segmentations of the same pairs (sentencepiece's draws "
+            "cannot be seeded across processes), so the workers' batches would disagree. "
+            f"Received: subword_sampling_source={run_config.subword_sampling_source}, "
+            f"subword_sampling_target={run_config.subword_sampling_target} and "
+            f"strategy={run_config.strategy!r} ({processes or 'several'} worker processes). "
+            "Set both alphas to 0, or train in one process."
+        )
+
+
+def _worker_processes(run_config):
+    """How many worker processes train this run together: 1 for this one alone; None: several, uncounted."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        if _multi_worker_strategy(run_config) is None:
+            return 1
+        return None  # MultiWorkerMirroredStrategy: one process per worker (TF_CONFIG's cluster)
+    if backend == "jax":
+        import jax
+
+        return jax.process_count()
+    import torch.distributed
+
+    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if initialized else 1
 
 
 def _multi_worker_strategy(run_config):
@@ -678,6 +732,7 @@ __all__ = [
     "TrainingResult",
     "run_training",
     "load_corpus",
+    "check_sampling_strategy",
     "prepare_tokenizer",
     "make_datasets",
     "build_and_compile",
