@@ -144,3 +144,165 @@ def test_an_interrupted_training_run_says_how_to_resume_and_the_same_command_res
     model = keras.saving.load_model(str(model_dir / model_directory.MODEL_FILE), safe_mode=True)
     assert int(to_numpy(model.optimizer.iterations)) == STEPS_PER_EPOCH * EPOCHS  # none lost, none twice
     assert not (runs / ".run.staging").exists()
+
+
+# An interrupt that a garbage-collector callback swallowed (JAX's, loaded with TensorFlow):
+# Python drops an exception raised inside one, so SIGINT must be recorded to be raised again.
+
+
+@once_on("torch", "signal handling is plain Python, the same on every backend")
+def test_an_interrupt_swallowed_where_no_loop_checks_still_ends_the_command_with_130(capsys):
+    from keras_transformer import interrupts
+
+    previous = signal.getsignal(signal.SIGINT)
+    seen = []
+
+    @interrupt.exits_on_interrupt()
+    def main():
+        seen.append(signal.getsignal(signal.SIGINT))
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the installed handler runs at the next bytecode
+            for _ in range(1000):
+                pass
+        except KeyboardInterrupt:
+            pass  # swallowed, as a gc callback does
+        return 0
+
+    assert main() == 130
+    assert capsys.readouterr().err == interrupt.INTERRUPTED + "\n"
+    assert seen == [interrupts.handle_sigint] and signal.getsignal(signal.SIGINT) is previous
+
+
+@once_on("torch", "signal handling is plain Python, the same on every backend")
+def test_after_an_interrupt_any_error_ends_the_command_as_interrupted_and_loops_raise_it_again(capsys):
+    from keras_transformer import interrupts
+
+    @interrupt.exits_on_interrupt()
+    def main():
+        try:
+            interrupts.handle_sigint()
+        except KeyboardInterrupt:
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.raise_if_interrupted()  # every later check raises
+        with pytest.raises(KeyboardInterrupt):
+            list(interrupts.checked(range(10)))
+        raise RuntimeError("sentencepiece wraps its iterator's KeyboardInterrupt")
+
+    assert main() == 130
+    assert capsys.readouterr().err == interrupt.INTERRUPTED + "\n"
+
+    @interrupt.exits_on_interrupt()
+    def failing():
+        raise RuntimeError("a real error")  # no interrupt recorded: it propagates as before
+
+    with pytest.raises(RuntimeError, match="a real error"):
+        failing()
+
+
+@once_on("torch", "signal handling is plain Python, the same on every backend")
+def test_an_ignored_sigint_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # nohup, a script's background job
+    try:
+        seen = []
+        interrupt.exits_on_interrupt()(lambda: seen.append(signal.getsignal(signal.SIGINT)))()
+        assert seen == [signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class WordIds:
+    """A tokenizer's stand-in for binarizing: ids from word lengths (no TensorFlow in the child)."""
+
+    fingerprint = "word-lengths"
+    vocab_size = 64
+
+    def encode(self, sentences):
+        return [[4 + len(word) for word in sentence.split()] for sentence in sentences]
+
+
+# A command binarizing a corpus, with JAX's gc callback registered, and one more gc callback
+# that waits inside the collector for the parent's SIGINT once binarizing has begun: the
+# signal lands where a KeyboardInterrupt is swallowed, every time.
+BINARIZE = textwrap.dedent(
+    """
+    import gc, signal, sys, time
+    import jax
+    assert any(getattr(callback, "__name__", "") == "_xla_gc_callback" for callback in gc.callbacks), gc.callbacks
+    from keras_transformer.cli import interrupt
+    from keras_transformer.data import binarized
+    from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell starts python
+    binarized._CHUNK_PAIRS = 500
+    source, target, cache, marker, encoded = sys.argv[1:]
+    state = {"binarizing": False, "waited": False}
+
+    def wait_in_the_collector(phase, info):
+        if phase == "start" and state["binarizing"] and not state["waited"]:
+            state["waited"] = True
+            open(marker, "w").close()
+            time.sleep(120)  # the parent's SIGINT ends it, inside the gc callback
+
+    gc.callbacks.append(wait_in_the_collector)
+
+    class Arming(WordIds):
+        def encode(self, sentences):
+            state["binarizing"] = True
+            with open(encoded, "a") as file:  # how far binarizing went
+                file.write(f"{len(sentences)}\\n")
+            return super().encode(sentences)
+
+    @interrupt.exits_on_interrupt()
+    def main():
+        binarized_corpus(TextCorpus("files", paths=(source, target), split="train"), Arming(), cache, progress=False)
+        print("binarized to the end", flush=True)
+        return 0
+
+    sys.exit(main())
+    """
+)
+
+
+@once_on("torch", "the child runs under JAX whatever the session's backend: its gc callback is the point")
+def test_ctrl_c_swallowed_by_a_gc_callback_still_stops_binarizing_with_130_and_nothing_kept(tmp_path):
+    import inspect
+    import subprocess
+    import time
+
+    from keras_transformer.data.binarized import write_binarized
+    from keras_transformer.data.content_key import RECORD_FILE
+    from keras_transformer.data.text_corpus import TextCorpus, binarized_corpus
+
+    lines = [" ".join(["ein", "zwei", "drei", "haus"][: 1 + index % 4]) for index in range(20_000)]
+    source, target = tmp_path / "train.de", tmp_path / "train.en"
+    source.write_text("\n".join(lines) + "\n")
+    target.write_text("\n".join(reversed(lines)) + "\n")
+    cache, marker, encoded = tmp_path / "cache", tmp_path / "in_the_collector", tmp_path / "encoded"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, *sys.path]), "KERAS_BACKEND": "jax",
+           "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    script = "from __future__ import annotations\n" + inspect.getsource(WordIds) + BINARIZE
+    child = subprocess.Popen([sys.executable, "-c", script, str(source), str(target), str(cache), str(marker), str(encoded)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), child.communicate(timeout=60)
+        child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert (child.returncode, stdout, stderr) == (130, "", interrupt.INTERRUPTED + "\n")  # no "Exception ignored"
+    # Stopped at the next chunk (500 pairs), far from the end: no corpus and no staging
+    # directory left for a later run to trust.
+    pairs_encoded = sum(map(int, encoded.read_text().split())) // 2
+    assert pairs_encoded < len(lines) // 2, pairs_encoded
+    assert set(os.listdir(cache)) <= {RECORD_FILE}
+
+    printed = []
+    text = TextCorpus("files", paths=(str(source), str(target)), split="train")
+    later = binarized_corpus(text, WordIds(), str(cache), print_fn=printed.append, progress=False)
+    assert "written to" in printed[0]
+    fresh = write_binarized(text, WordIds(), str(tmp_path / "fresh"), progress=False)
+    for name in ("source_ids", "target_ids", "source_offsets", "target_offsets", "lengths"):
+        assert (getattr(later, name) == getattr(fresh, name)).all()
