@@ -16,6 +16,11 @@ build, compile and fit the model inside it. Nothing here distributes by hand. Na
 - "model_parallel": JAX's `keras.distribution.ModelParallel`, the large matrices sharded
   by `transformer_layout_map`.
 
+On JAX, Keras' process variables (`KERAS_DISTRIBUTION_NUM_PROCESSES`, ...) make this one
+process of several: `select_strategy` joins them first (`jax_processes.initialize`), and
+"auto" and "data_parallel" give one `DataParallel` over all their devices, each process
+feeding its own rows of every batch (`jax_processes.process_dataset`).
+
 A name the backend cannot run raises `ValueError` saying which can; on PyTorch every
 multi-device name does, since Keras 3 has no multi-device `fit` there.
 
@@ -176,14 +181,16 @@ def describe(engine):
     mesh = engine.device_mesh
     axes = ", ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.shape))
     devices = ", ".join(str(device) for device in mesh.devices.flatten())
-    return f"{type(engine).__name__}, mesh ({axes}): {devices}"
+    processes = f" ({engine.num_processes} processes)" if engine.num_processes > 1 else ""
+    return f"{type(engine).__name__}, mesh ({axes}): {devices}{processes}"
 
 
 def is_chief():
     """True in the one process that writes logs, checkpoints to keep, and exports.
 
     From `TF_CONFIG` when it is set (the "chief" task, or worker 0 of a cluster with no
-    chief); else, on JAX, process 0 of `jax.process_count()`; else True (one process).
+    chief); else, on JAX, process 0 (`jax.process_index()`, or before JAX joins the other
+    processes, `KERAS_DISTRIBUTION_PROCESS_ID`); else True (one process).
     """
     tf_config = _tf_config()
     if tf_config:
@@ -195,9 +202,9 @@ def is_chief():
         has_chief = "chief" in cluster or "master" in cluster
         return task_type == "worker" and index == 0 and not has_chief
     if keras.backend.backend() == "jax":
-        import jax
+        from keras_transformer import jax_processes
 
-        return jax.process_index() == 0
+        return jax_processes.is_chief()  # never starts JAX's backend before initialize()
     return True
 
 
@@ -519,10 +526,34 @@ def _keras_multi_worker_strategy_class():
     return KerasMultiWorkerMirroredStrategy
 
 
+_ONE_DEVICE_OF_SEVERAL_PROCESSES = (
+    "strategy={name!r} trains on one device, but this is one of {processes} JAX processes "
+    "(KERAS_DISTRIBUTION_* variables): use 'auto' or 'data_parallel' to train over all their devices."
+)
+_MODEL_PARALLEL_OF_SEVERAL_PROCESSES = (
+    "strategy='model_parallel' over {processes} JAX processes is not supported: it trains, but "
+    "Keras 3.15 cannot save weights that span processes (\"Fetching value for `jax.Array` that "
+    "spans non-addressable devices is not possible\"), so no checkpoint or model could be "
+    "written. Use 'data_parallel' (each process holds the whole model), or model_parallel in "
+    "a single process over one host's devices."
+)
+
+
 def _jax_distribution(name, config, devices, model_parallel_size):
+    from keras_transformer import jax_processes
+
+    # First, before JAX starts its backend: Keras' process variables join this process to the others.
+    processes = jax_processes.initialize()
     distribution = keras.distribution
     if name == "default":
+        if processes > 1:
+            raise ValueError(_ONE_DEVICE_OF_SEVERAL_PROCESSES.format(name=name, processes=processes))
         return None
+    if processes > 1:
+        if name == "model_parallel":
+            raise ValueError(_MODEL_PARALLEL_OF_SEVERAL_PROCESSES.format(processes=processes))
+        # Every process's devices, each process's side by side; each process feeds its rows.
+        return jax_processes.data_parallel(list(devices) if devices else None)
     devices = list(devices) if devices else distribution.list_devices()
     if name == "auto":
         return distribution.DataParallel(devices=devices) if len(devices) > 1 else None
