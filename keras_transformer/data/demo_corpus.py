@@ -142,7 +142,7 @@ def ambiguous_date_formats(date) -> set[str]:
 
 @functools.lru_cache(maxsize=2 * (MAX_NUMBER + 1))
 def _spell(number, lang) -> str:
-    # Cached because num2words takes ~0.1 ms a call and numbers repeat across templates.
+    # Cached because numbers repeat across templates, and num2words spells each call afresh.
     return num2words(number, lang=lang)
 
 

@@ -320,10 +320,9 @@ def single_query_attention(query, key, value, attention_mask, scale):
     a product summed over H (the scores) and a product summed over S (the output), it
     reads the keys and values once, in the `[B, S, N, H]` layout the cache holds them. A
     batched matmul wants `[B, N, S, H]`, and XLA's CPU backend copies the whole key and
-    value cache into that layout for every layer at every step. Beam 4 with the Multi30k
-    model (3 decoder layers, 256 rows, 63 steps) ran 1.31x faster this way on
-    TensorFlow, 1.14x on JAX and 1.15x on PyTorch, on a 2-core AMD EPYC
-    (bench/decode_attention.py). Scores, softmax and sums run in float32, as the
+    value cache into that layout for every layer at every step. Measured side by side,
+    this way was the faster on each backend (docs/fast_inference.md, "The attention of
+    a decoding step", has the numbers). Scores, softmax and sums run in float32, as the
     explicit path's softmax does.
 
     Args:

@@ -15,11 +15,11 @@ so that the learning rate reaches its floor when the budget runs out:
    when the step was rebuilt): the same from the last `EPOCH_WINDOW` (3) such epochs
    (`their seconds / their batches`), which includes what an epoch adds besides its
    steps (validation, BLEU, checkpoints) and no compilation. One estimate is not
-   enough: on Multi30k the first epoch measured 0.87 s/step, the second 0.81 and
-   the last ones 0.64 (the machine's speed drifts), and a total fixed after the
-   second epoch ended the decay ~500 steps (13% of the budget) before the budget did.
-   Because each estimate covers only the time that is left, its error shrinks as the
-   run goes on.
+   enough: the time of a step drifts over a run (the machine's speed changes), and a
+   total fixed after an early epoch ends the decay before the budget does
+   (docs/training.md, "A decay that ends with the time budget", has a Multi30k run's
+   figures). Because each estimate covers only the time that is left, its error
+   shrinks as the run goes on.
 
 The total never goes below `warmup_steps + 1` (the least a `BudgetSchedule` accepts: a
 budget that ends within the warmup is clamped, and the line says so). Each estimate
@@ -60,7 +60,7 @@ from keras_transformer.train.budget_schedule import BudgetSchedule
 MIN_MEASURE_STEPS = 2
 MAX_MEASURE_STEPS = 50
 # A new estimate within this share of the current total keeps it (no retrace: a rebuilt
-# step re-traces every batch shape, ~10 s an epoch on Multi30k).
+# step re-traces every batch shape, which the epoch after it pays for).
 RETRACE_TOLERANCE = 0.02
 # Whole epochs (the latest ones run on one compiled step) that an epoch estimate averages.
 EPOCH_WINDOW = 3

@@ -2,14 +2,12 @@
 
 Keras' `Adam.update_step` is written in `keras.ops`, so on TensorFlow each weight's
 update runs as ~10 separate element-wise ops, each a full pass over the weight and its
-two moments in memory: for the Multi30k recipe's 7.6M weights, 27 ms a step on a 2-core
-CPU, where TensorFlow's own `ResourceApplyAdam` kernel (the one
-`tf.compat.v1.train.AdamOptimizer` used) does the same arithmetic in one pass in 10 ms.
+two moments in memory, where TensorFlow's own `ResourceApplyAdam` kernel (the one
+`tf.compat.v1.train.AdamOptimizer` used) does the same arithmetic in one pass.
 Decoupled weight decay is one scaled subtraction per weight with the learning rate read
-once, where Keras' reads the schedule again for every weight. With the recipe's clipping
-and weight decay the whole update takes 18 ms against 36-43, and the training step 2-8%
-less time (`bench/optimizer_speed.py`): less than the update saves, as TensorFlow already
-overlaps some of it with the backward pass.
+once, where Keras' reads the schedule again for every weight. The training step saves
+less than the update does, as TensorFlow already overlaps some of the update with the
+backward pass (docs/benchmarks.md, "Adam's update as one kernel", has the numbers).
 
 The arithmetic is Keras' Adam's, term for term:
 `m += (g - m)(1 - beta_1)`, `v += (g^2 - v)(1 - beta_2)`,

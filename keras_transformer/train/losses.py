@@ -118,9 +118,9 @@ def token_cross_entropy(labels, logits, label_smoothing=0.0, ignore_id=PAD_ID, *
     target is built. On TensorFlow, where the loss is differentiated, it is the sum of
     `log_p` times the dense target distribution: the gradient of a gather there is a
     scatter (`UnsortedSegmentSum`) that cost more than the rest of the loss, and a dense
-    product's gradient is a product (the loss and its gradient 1.5x faster for 2,048 tokens
-    of 8,000 classes on a 2-core Xeon, the whole training step 8-12%; gathering is the faster
-    choice on JAX and PyTorch: `bench/loss_speed.py`).
+    product's gradient is a product (gathering is the faster choice on JAX and PyTorch;
+    docs/benchmarks.md, "Training throughput", has what the product saves TensorFlow's
+    training step).
 
     Args:
         labels: int tensor `[B, T]` (see `sparse_labels`).

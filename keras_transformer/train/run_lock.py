@@ -43,8 +43,10 @@ LOCK_SUFFIX = ".lock"
 # and the lock (the holder ended, or a stale file was removed): a few suffice.
 _ATTEMPTS = 20
 # A holder writes its pid into the file just after it locks: a refused run reading it in
-# between waits for the line this long (in 20 ms steps) before it says it does not know.
+# between looks again every _HOLDER_POLL_SECONDS, for up to _HOLDER_WAIT_SECONDS, before
+# it says it does not know.
 _HOLDER_WAIT_SECONDS = 1.0
+_HOLDER_POLL_SECONDS = 0.02
 _CHOOSE_ANOTHER = (
     "wait for it to finish, or choose another `name` or `output_dir` "
     "(--set name=... or --set output_dir=...)."
@@ -211,7 +213,7 @@ def _read_holder(fd):
         holder = _parse_holder(os.pread(fd, 4096, 0))
         if holder is not None or time.monotonic() > deadline:
             return holder
-        time.sleep(0.02)
+        time.sleep(_HOLDER_POLL_SECONDS)
 
 
 def _parse_holder(data):
