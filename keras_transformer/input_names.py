@@ -5,12 +5,4 @@ batches, need not import the model that reads them.
 """
 
 MODEL_INPUTS = ("encoder_inputs", "decoder_inputs")
-"""Source ids `[B, S]` and shifted target ids `[B, T]`: every batch has both."""
-
-PACKING_INPUTS = (
-    "encoder_segment_ids",
-    "decoder_segment_ids",
-    "encoder_positions",
-    "decoder_positions",
-)
-"""The extra inputs of a batch of packed rows (`make_dataset(..., packing=True)`)."""
+"""Source ids `[B, S]` and shifted target ids `[B, T]`: every batch has both, and nothing else."""

@@ -78,9 +78,9 @@ def test_a_resumed_run_reads_on_from_the_batch_where_it_stopped(tmp_path):
         np.testing.assert_array_equal(labels, want)
 
 
-def test_packing_keeps_the_training_split_in_memory(tmp_path):
+def test_subword_sampling_keeps_the_training_split_in_memory(tmp_path):
     _write_corpus(tmp_path, pairs=10)
-    splits = load_corpus(_config(tmp_path, packing=True, max_train_pairs=4))
+    splits = load_corpus(_config(tmp_path, subword_sampling_source=0.1, max_train_pairs=4))
     assert isinstance(splits["train"], list) and len(splits["train"]) == 4
 
 

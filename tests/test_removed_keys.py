@@ -67,3 +67,26 @@ def test_removed_keys_at_their_0_3_defaults_are_dropped_with_a_warning(tmp_path)
     assert config == RunConfig(name="old", training={"warmup_steps": 100})
     named = [re.match(r"`(\S+)` was removed in keras-transformer 0.4; its 0.3 default", str(w.message)) for w in caught]
     assert sorted(match.group(1) for match in named) == sorted(REMOVED_KEYS)
+
+
+def test_packing_is_refused_with_the_reason_and_a_packed_batch_by_the_model(tmp_path):
+    import keras
+
+    import keras_transformer as kt
+    from conftest import tiny_config
+
+    path = write_config(tmp_path, {"packing": True})
+    with refused(
+        f"{path}: `packing` was removed in keras-transformer 0.4 (sequence packing trained 0.96x the real "
+        "target tokens/s of length buckets on Multi30k); delete it from the config. Received: packing=True"
+    ):
+        RunConfig.from_toml(path)
+    # A batch of 0.3's packed rows would be read as unpacked pairs attending to each other: refused.
+    model = kt.build_transformer(tiny_config())
+    ids = keras.ops.ones((1, 4), "int32")
+    packed = {"encoder_inputs": ids, "decoder_inputs": ids, "encoder_segment_ids": ids, "decoder_positions": ids}
+    with pytest.raises(ValueError, match=re.escape(
+        "The Transformer's inputs are ['encoder_inputs', 'decoder_inputs']. Received other keys too: "
+        "['decoder_positions', 'encoder_segment_ids']; sequence packing (segment ids, restarting positions) "
+        "was removed in keras-transformer 0.4")):
+        model(packed)

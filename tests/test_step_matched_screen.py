@@ -19,8 +19,9 @@ import pytest
 import keras_transformer as kt
 from conftest import once_on, tiny_config, to_numpy
 from keras_transformer.data.pipeline import evenly_spaced_boundaries, make_dataset
+from keras_transformer.data.tokenizer import train_tokenizer
 from keras_transformer.special_tokens import BOS_ID, EOS_ID
-from test_packing import pairs, sgd_step, tokenizer  # noqa: F401 (pairs, tokenizer: fixtures)
+from test_pipeline import make_pairs
 from tiny_translation import VOCAB_SIZE, tiny_sentences
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -28,6 +29,23 @@ from bench.step_matched_screen import epoch_batches, fitting, main, padded_batch
 
 MAX_LENGTH = 12  # some toy pairs are longer: the drop is exercised
 TOKENS_PER_BATCH = 48
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return make_pairs()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(pairs):
+    return train_tokenizer([side for pair in pairs for side in pair], 40)
+
+
+def sgd_step(model, inputs, labels):
+    """One SGD step; returns the loss and the updated weights."""
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0), loss=kt.LabelSmoothedCrossEntropy())
+    loss = model.train_on_batch(inputs, labels)
+    return float(np.ravel(loss)[0]), [to_numpy(weight) for weight in model.trainable_weights]
 
 
 def token_ids(tokenizer, pairs):

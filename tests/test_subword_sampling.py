@@ -154,8 +154,6 @@ def test_what_sampling_cannot_do_is_refused(tokenizer):
 
     with pytest.raises(ValueError, match=r"pass repeat=True and give model.fit steps_per_epoch"):
         build(subword_sampling=0.1)
-    with pytest.raises(ValueError, match=r"does not combine with packing=True"):
-        build(subword_sampling=0.1, repeat=True, packing=True)
     with pytest.raises(ValueError, match=r"a SubwordTokenizer\); _NoSampling cannot"):
         build(subword_sampling=0.1, repeat=True, tokenizer=_NoSampling(tokenizer))
     with pytest.raises(ValueError, match=r"one alpha or a \(source, target\) pair.*\(0.1, 0.1, 0.1\)"):
@@ -178,8 +176,6 @@ def run_config(**changes):
 def test_run_config_checks_the_alphas():
     with pytest.raises(ValueError, match=r"`subword_sampling_target` must be a number in \[0, 1\)"):
         run_config(subword_sampling_target=1.0)
-    with pytest.raises(ValueError, match=r"`packing` does not combine with subword sampling.*subword_sampling_source=0.1"):
-        run_config(subword_sampling_source=0.1, packing=True)
     assert run_config().with_overrides(["subword_sampling_source=0.1"]).subword_sampling_source == 0.1
 
 

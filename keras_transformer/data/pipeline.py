@@ -12,9 +12,11 @@ is a recompilation); shuffle with a seed, cache and prefetch.
 
 The output is `({"encoder_inputs": [B, L], "decoder_inputs": [B, L]}, labels [B, L])`,
 int32, padded with `PAD_ID` (0), where L is the bucket boundary: both sides of a batch
-share one padded length. It feeds `model.fit` under every Keras backend. With
-`packing=True` several pairs share each row of `max_length` tokens instead, and the
-inputs add segment ids and positions (`keras_transformer.data.packing`).
+share one padded length. It feeds `model.fit` under every Keras backend.
+
+`run_training` batches its training split with `data.index_batches` instead (the same
+batches, planned from index arrays, resumable by batch number); this pipeline makes its
+validation batches, a subword-sampled run's training batches and users' own.
 """
 
 import dataclasses
@@ -26,7 +28,6 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_transformer import checks
-from keras_transformer.data.packing import graph_function, pack_examples
 from keras_transformer.data.settings import (  # defined without TensorFlow, for RunConfig; re-exported here
     OVERLONG_MODES,
     check_batching_arguments,
@@ -37,6 +38,12 @@ from keras_transformer.data.tokenizer import lone_surrogate_position
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
+
+# The functions handed to tf.data below are written in TensorFlow ops with no Python
+# branch on a tensor, so AutoGraph has nothing to rewrite in them; left to it, it would
+# still parse and transform each one, and the tokenizers of tensorflow-text below them,
+# once a process: ~1.5 s of a first `make_dataset` on a 2-core AMD EPYC.
+graph_function = tf.autograph.experimental.do_not_convert
 
 # Sentences are tokenized this many at a time: tf-text is much faster on batches.
 _TOKENIZE_BATCH_SIZE = 1024
@@ -59,9 +66,6 @@ class LengthStats:
         bucket_batch_sizes: tuple of int, examples per full batch of each bucket.
         bucket_counts: tuple of int, kept examples per bucket.
         num_batches: int, batches in one epoch.
-        packed_rows: int, rows of packed pairs (`packing=True`); 0 without packing.
-            A packed dataset has one "bucket": `max_length` tokens a row, and
-            `bucket_batch_sizes[0]` rows a batch.
 
     Example:
         >>> stats = LengthStats(total=3, kept=2, dropped=1, truncated=0,
@@ -80,17 +84,8 @@ class LengthStats:
     bucket_batch_sizes: tuple
     bucket_counts: tuple
     num_batches: int
-    packed_rows: int = 0
 
     def __str__(self):
-        if self.packed_rows:
-            return (
-                f"{self.total} pairs: {self.kept} kept, {self.dropped} dropped and "
-                f"{self.truncated} truncated for max_length={self.max_length}; packed into "
-                f"{self.packed_rows} rows of {self.max_length} tokens "
-                f"({self.kept / self.packed_rows:.2f} pairs a row), "
-                f"{self.num_batches} batches of {self.bucket_batch_sizes[0]} rows per epoch"
-            )
         return (
             f"{self.total} pairs: {self.kept} kept, {self.dropped} dropped and "
             f"{self.truncated} truncated for max_length={self.max_length}; "
@@ -327,7 +322,6 @@ def make_dataset(
     shuffle_buffer_size=None,
     batch_shuffle_buffer_size=1024,
     vocab_size=None,
-    packing=False,
     subword_sampling=0.0,
 ):
     """Batches of `({"encoder_inputs", "decoder_inputs"}, labels)` from sentence pairs.
@@ -370,15 +364,6 @@ def make_dataset(
             in `[0, vocab_size)` while the data is counted, before any batch is
             made, and a tokenizer whose `vocab_size` is larger is refused at once.
             Defaults to the tokenizer's `vocab_size` (when it has one).
-        packing: bool. Pack several pairs into each row of `max_length` tokens
-            (greedy first fit over a few open rows, after one seeded shuffle) instead
-            of bucketing: batches hold `tokens_per_batch // max_length` rows and almost
-            no padding, and add `encoder_segment_ids`, `decoder_segment_ids`,
-            `encoder_positions` and `decoder_positions` to the inputs, which the
-            `Transformer` uses to keep attention within each pair. The rows are made
-            once (so the number of batches is known) and reshuffled every epoch;
-            `bucket_boundaries` and `batch_shuffle_buffer_size` are not used. Gives the
-            same loss and gradients as the same pairs unpacked.
         subword_sampling: float in [0, 1), or a `(source, target)` pair of them.
             Above 0, every epoch cuts the sentences of that side anew with a
             segmentation drawn at random (`SubwordTokenizer.tokenize_sampled`: for a
@@ -387,8 +372,7 @@ def make_dataset(
             `repeat=True`, and `stats.num_batches` (counted over the usual
             segmentation, which is what `max_length` is checked against too) is the
             natural `steps_per_epoch` for `model.fit`. A sampled pair longer than
-            `max_length` is dropped or truncated like any other. Not with `packing`.
-            Default 0: no sampling.
+            `max_length` is dropped or truncated like any other. Default 0: no sampling.
 
     Returns:
         `BatchedDataset(dataset, stats)`: the `tf.data.Dataset` and its
@@ -412,8 +396,7 @@ def make_dataset(
     2
     """
     bucket_boundaries = check_batching_arguments(max_length, tokens_per_batch, bucket_boundaries, overlong)
-    checks.check_bool("packing", packing)
-    sampling = _checked_sampling(subword_sampling, tokenizer, repeat, packing)
+    sampling = _checked_sampling(subword_sampling, tokenizer, repeat)
     vocab_size = _checked_vocab_size(vocab_size, tokenizer)
     string_pairs = _as_string_pairs(pairs)
     if cache and any(sampling):
@@ -429,8 +412,6 @@ def make_dataset(
         # can give, so the stream never runs dry.
         tokenized = tokenize_pairs(string_pairs.repeat(), tokenizer, vocab_size, sampling)
     examples = fit_to_length(tokenized, max_length, overlong)
-    if packing:
-        return _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size)
     if shuffle:
         examples = examples.shuffle(
             shuffle_buffer_size or stats.kept, seed=seed, reshuffle_each_iteration=True
@@ -487,31 +468,6 @@ def _shuffled_batches(batches, stats, seed, buffer, endless):
     return batches.shuffle(buffer, seed=seed + 1, reshuffle_each_iteration=True)
 
 
-def _packed_batches(examples, stats, tokens_per_batch, shuffle, seed, cache, repeat, shuffle_buffer_size):
-    """`make_dataset(..., packing=True)`: pack once, count the rows, batch them."""
-    if shuffle:
-        # One fixed order (not reshuffled per iteration), so that every epoch packs the
-        # same rows and the count below stays true; the rows are reshuffled instead.
-        examples = examples.shuffle(shuffle_buffer_size or stats.kept, seed=seed, reshuffle_each_iteration=False)
-    rows = pack_examples(examples.map(to_model_inputs), stats.max_length)
-    if cache:
-        rows = rows.cache()
-    num_rows = int(rows.reduce(tf.constant(0, tf.int64), graph_function(lambda count, _: count + 1)))
-    rows_per_batch = tokens_per_batch // stats.max_length
-    stats = dataclasses.replace(
-        stats,
-        bucket_boundaries=(stats.max_length,),
-        bucket_batch_sizes=(rows_per_batch,),
-        bucket_counts=(stats.kept,),
-        num_batches=math.ceil(num_rows / rows_per_batch),
-        packed_rows=num_rows,
-    )
-    logger.info("make_dataset: %s", stats)
-    if shuffle:
-        rows = rows.shuffle(num_rows, seed=seed + 1, reshuffle_each_iteration=True)
-    return _finished(rows.batch(rows_per_batch), stats, repeat)
-
-
 def _finished(batches, stats, repeat):
     """States the cardinality, repeats if asked, prefetches."""
     # Bucketing hides the number of batches from tf.data; it is known from the
@@ -543,7 +499,7 @@ def count_batches(dataset):
     return int(dataset.reduce(tf.constant(0, tf.int64), graph_function(lambda count, _: count + 1)))
 
 
-def _checked_sampling(subword_sampling, tokenizer, repeat, packing):
+def _checked_sampling(subword_sampling, tokenizer, repeat):
     """`subword_sampling` as a `(source_alpha, target_alpha)` pair, checked."""
     if isinstance(subword_sampling, (tuple, list)):
         if len(subword_sampling) != 2:
@@ -563,11 +519,6 @@ def _checked_sampling(subword_sampling, tokenizer, repeat, packing):
             f"subword_sampling={subword_sampling!r} needs a tokenizer that can sample "
             f"segmentations (a SubwordTokenizer); {type(tokenizer).__name__} cannot. "
             "Pass subword_sampling=0."
-        )
-    if packing:
-        raise ValueError(
-            f"subword_sampling={subword_sampling!r} does not combine with packing=True: "
-            "packed rows are made once, and sampling cuts the sentences anew each epoch."
         )
     if not repeat:
         raise ValueError(

@@ -30,7 +30,7 @@ class DecoderBlock(ResidualBlock):
         decoder_padding_mask: optional boolean `[B, T]`, True on real target tokens.
         encoder_padding_mask: optional boolean `[B, S]`, True on real source tokens.
         self_attention_mask: optional boolean `[B, T, T]`, ANDed with the causal and
-            padding masks (packed rows: `masks.segment_mask`).
+            padding masks.
         cross_attention_mask: optional boolean `[B, T, S]`, ANDed with
             `encoder_padding_mask`.
         self_attention_cache: optional `[B, 2, T_max, N, H]`.

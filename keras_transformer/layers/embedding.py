@@ -179,8 +179,6 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, D]` embeddings.
         start_index: int scalar, the position of the first token. Defaults to 0.
-        positions: optional int `[B, T]`, the position of each token, for rows of
-            packed pairs whose positions restart per pair; replaces `start_index`.
 
     Example:
     >>> pos = SinusoidalPositionEncoding(max_length=16)
@@ -194,9 +192,9 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         self.max_length = max_length
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(self, inputs, start_index=0):
         _check_length(inputs, self.max_length)
-        positions = _positions(inputs, start_index, positions)
+        positions = _positions(inputs, start_index)
         table = sinusoidal_table(positions, inputs.shape[-1], dtype=self.compute_dtype)
         return ops.broadcast_to(table, ops.shape(inputs))
 
@@ -223,8 +221,6 @@ class LearnedPositionEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, D]` embeddings.
         start_index: int scalar, the position of the first token. Defaults to 0.
-        positions: optional int `[B, T]`, the position of each token, for rows of
-            packed pairs whose positions restart per pair; replaces `start_index`.
     """
 
     table_trainable = True
@@ -244,9 +240,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(self, inputs, start_index=0):
         _check_length(inputs, self.max_length)
-        positions = _positions(inputs, start_index, positions)
+        positions = _positions(inputs, start_index)
         table = ops.take(self.position_embeddings, positions, axis=0)
         return ops.broadcast_to(ops.cast(table, self.compute_dtype), ops.shape(inputs))
 
@@ -264,10 +260,8 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         return config
 
 
-def _positions(inputs, start_index, positions):
-    """`positions` when given (packed rows), else `start_index, start_index + 1, ...` `[T]`."""
-    if positions is not None:
-        return ops.cast(positions, "int32")
+def _positions(inputs, start_index):
+    """`start_index, start_index + 1, ...`, one position per token of `inputs` `[T]`."""
     return ops.arange(ops.shape(inputs)[-2], dtype="int32") + ops.cast(start_index, "int32")
 
 
@@ -312,8 +306,6 @@ class FixedPositionEmbedding(LearnedPositionEmbedding):
     Call arguments:
         inputs: `[B, T, D]` embeddings.
         start_index: int scalar, the position of the first token. Defaults to 0.
-        positions: optional int `[B, T]`, the position of each token, for rows of
-            packed pairs whose positions restart per pair; replaces `start_index`.
 
     Example:
     >>> pos = FixedPositionEmbedding(max_length=16)

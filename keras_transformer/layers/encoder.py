@@ -23,7 +23,7 @@ class EncoderBlock(ResidualBlock):
         inputs: `[B, S, D]` source representations.
         padding_mask: optional boolean `[B, S]`, True on real tokens.
         attention_mask: optional boolean `[B, S, S]`, True where a query may attend a
-            key (packed rows: `masks.segment_mask`); ANDed with `padding_mask`.
+            key; ANDed with `padding_mask`.
         return_attention_scores: bool. Also return `[B, N, S, S]` probabilities.
         training: bool.
 

@@ -56,17 +56,6 @@ def decoder_self_attention_mask(decoder_mask=None, query_length=None, offset=0, 
     return merge_masks(causal[None, :, :] if keys is not None else causal, keys)
 
 
-def segment_mask(query_segment_ids, key_segment_ids):
-    """`[B, T, S]`: query `i` may attend key `j` iff both belong to the same packed pair.
-
-    Segment ids number the pairs packed into a row 1, 2, ...; 0 marks padding, which no
-    query may attend (see `keras_transformer.data.packing`).
-    """
-    query = ops.expand_dims(query_segment_ids, axis=2)  # [B, T, 1]
-    key = ops.expand_dims(key_segment_ids, axis=1)  # [B, 1, S]
-    return ops.logical_and(ops.equal(query, key), ops.greater(key, 0))
-
-
 def any_key_visible(mask):
     """True for each query row that may attend at least one key (`[..., T, 1]`).
 
@@ -82,6 +71,5 @@ __all__ = [
     "causal_mask",
     "merge_masks",
     "decoder_self_attention_mask",
-    "segment_mask",
     "any_key_visible",
 ]

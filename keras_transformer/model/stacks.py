@@ -46,8 +46,8 @@ class _Stack:
         self.final_norm = final_norm
         self.word_dropout = word_dropout
 
-    def embed(self, token_ids, start_index=0, training=None, positions=None):
-        """Token embeddings plus positions from `start_index` (or `positions`), then dropout (3.4, 3.5, 5.4).
+    def embed(self, token_ids, start_index=0, training=None):
+        """Token embeddings plus positions from `start_index`, then dropout (3.4, 3.5, 5.4).
 
         With word dropout, whole token embeddings are dropped before the positions are
         added, so a dropped word keeps its position.
@@ -55,7 +55,7 @@ class _Stack:
         x = self.token_embedding(token_ids)
         if self.word_dropout is not None:
             x = self.word_dropout(x, training=training)
-        x = x + self.position_encoding(x, start_index=start_index, positions=positions)
+        x = x + self.position_encoding(x, start_index=start_index)
         return self.embedding_dropout(x, training=training)
 
     def normalize(self, x):
@@ -68,23 +68,17 @@ class EncoderStack(_Stack):
 
     Calling it with source ids `[B, S]` returns `(outputs [B, S, D], padding_mask [B, S])`,
     the mask derived from the ids (pad id 0); with `return_attention_scores`, also a
-    list of `[B, N, S, S]` probabilities per block. For rows of packed pairs, pass
-    `segment_ids` and `positions` (`[B, S]`, see `keras_transformer.data.packing`): a
-    token then attends only to its own pair, whose positions restart at 0.
+    list of `[B, N, S, S]` probabilities per block.
     """
 
-    def __call__(
-        self, token_ids, training=None, return_attention_scores=False, segment_ids=None, positions=None
-    ):
+    def __call__(self, token_ids, training=None, return_attention_scores=False):
         padding_mask = masks.padding_mask(token_ids)
-        attention_mask = None if segment_ids is None else masks.segment_mask(segment_ids, segment_ids)
-        x = self.embed(token_ids, training=training, positions=positions)
+        x = self.embed(token_ids, training=training)
         all_scores = []
         for block in self.blocks:
             x = block(
                 x,
                 padding_mask=padding_mask,
-                attention_mask=attention_mask,
                 return_attention_scores=return_attention_scores,
                 training=training,
             )
@@ -104,8 +98,7 @@ class DecoderStack(_Stack):
     logits `[B, T, V]` (with `return_attention_scores`, also a list of the blocks' score
     dicts; with `return_states`, also the states the logits are projected from, `[B, T, D]`,
     what a translation memory stores); `step` decodes one position through the key/value
-    caches. For rows of packed pairs, pass `segment_ids` and `positions` (`[B, T]`) and
-    `encoder_segment_ids` (`[B, S]`): self- and cross-attention then stay within each pair.
+    caches.
 
     Args:
         *args, **kwargs: the layers both stacks hold (see `_Stack`).
@@ -124,17 +117,10 @@ class DecoderStack(_Stack):
         encoder_padding_mask,
         training=None,
         return_attention_scores=False,
-        segment_ids=None,
-        positions=None,
-        encoder_segment_ids=None,
         return_states=False,
     ):
         decoder_padding_mask = masks.padding_mask(token_ids)
-        self_mask = cross_mask = None
-        if segment_ids is not None:
-            self_mask = masks.segment_mask(segment_ids, segment_ids)
-            cross_mask = masks.segment_mask(segment_ids, encoder_segment_ids)
-        x = self.embed(token_ids, training=training, positions=positions)
+        x = self.embed(token_ids, training=training)
         all_scores = []
         for block in self.blocks:
             x = block(
@@ -142,8 +128,6 @@ class DecoderStack(_Stack):
                 encoder_outputs,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
-                self_attention_mask=self_mask,
-                cross_attention_mask=cross_mask,
                 return_attention_scores=return_attention_scores,
                 training=training,
             )

@@ -9,7 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer import checks
-from keras_transformer.input_names import MODEL_INPUTS, PACKING_INPUTS
+from keras_transformer.input_names import MODEL_INPUTS
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.model.stacks import build_stacks
 from keras_transformer.special_tokens import PAD_ID
@@ -21,14 +21,8 @@ class Transformer(keras.Model):
 
     Inputs are a dict `{"encoder_inputs": int32 [B, S], "decoder_inputs": int32 [B, T]}`
     with pad id 0; the output is float32 logits `[B, T, vocab_size]`. Padding masks are
-    derived from the ids, so callers never pass masks.
-
-    Rows of packed pairs (`make_dataset(..., packing=True)`, several sentence pairs end
-    to end in one row) add the four `PACKING_INPUTS`, int32 like the ids:
-    `encoder_segment_ids` / `decoder_segment_ids` number the pairs of a row 1, 2, ...
-    (0 on padding) and `encoder_positions` / `decoder_positions` restart at 0 for each
-    pair. Every attention then stays within a pair, so each pair's logits are those it
-    would get alone.
+    derived from the ids, so callers never pass masks; a dict with any other key is
+    refused, naming it.
 
     Besides the functional graph used by `fit`/`predict`, the model exposes the pieces
     that decoding needs, built from the very same layer objects: `encode`,
@@ -87,37 +81,11 @@ class Transformer(keras.Model):
         # there the token embedding makes an out-of-range id's row NaN, so the outcome
         # is loud (NaN logits, a NaN loss that stops training), never a wrapped-around id.
         if isinstance(inputs, dict):
+            _check_input_keys(inputs)
             for key in ("encoder_inputs", "decoder_inputs"):
                 if key in inputs and checks.is_concrete(inputs[key]):
                     check_token_ids(inputs[key], self.config.vocab_size, name=key)
-            if any(key in inputs for key in PACKING_INPUTS):
-                return self._call_packed(inputs, training)
         return super().call(inputs, training=training, mask=mask)
-
-    def _call_packed(self, inputs, training):
-        """The forward pass over rows of packed pairs: the stacks, run with segments."""
-        missing = [key for key in MODEL_INPUTS + PACKING_INPUTS if key not in inputs]
-        if missing:
-            raise ValueError(
-                f"A packed batch needs encoder_inputs, decoder_inputs and all of {list(PACKING_INPUTS)}. "
-                f"Missing: {missing}. Received keys: {sorted(inputs)}"
-            )
-        ids = {key: ops.cast(value, "int32") for key, value in inputs.items()}
-        encoder_outputs, encoder_mask = self.encoder_stack(
-            ids["encoder_inputs"],
-            training=training,
-            segment_ids=ids["encoder_segment_ids"],
-            positions=ids["encoder_positions"],
-        )
-        return self.decoder_stack(
-            ids["decoder_inputs"],
-            encoder_outputs,
-            encoder_mask,
-            training=training,
-            segment_ids=ids["decoder_segment_ids"],
-            positions=ids["decoder_positions"],
-            encoder_segment_ids=ids["encoder_segment_ids"],
-        )
 
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit`, with `shuffle` defaulting to False for datasets.
@@ -422,6 +390,23 @@ def _collections_deferred():
             yield
         finally:
             gc.collect = collect
+
+
+def _check_input_keys(inputs):
+    """Refuses an input dict with keys besides `MODEL_INPUTS`, which the model would ignore.
+
+    Batches of packed pairs (their segment ids and restarting positions) were such keys;
+    without this check their pairs would attend to each other, silently.
+    """
+    unexpected = sorted(set(inputs) - set(MODEL_INPUTS))
+    if not unexpected:
+        return
+    packed = any(key.endswith(("_segment_ids", "_positions")) for key in unexpected)
+    raise ValueError(
+        f"The Transformer's inputs are {list(MODEL_INPUTS)}. Received other keys too: {unexpected}"
+        + ("; sequence packing (segment ids, restarting positions) was removed in keras-transformer 0.4: "
+           "batch the pairs unpacked (keras_transformer.data.make_dataset)" if packed else "")
+    )
 
 
 def check_token_ids(token_ids, vocab_size, name="token_ids"):

@@ -23,6 +23,7 @@ REMOVED_KEYS = {
     "eval_memory_pairs": (0, _MEMORY),
     "training.optimizer": ("adam", "Muon tied Adam, then lost 0.60 BLEU: Adam is the optimizer"),
     "training.rdrop_alpha": (0.0, "R-Drop lost 5.1 BLEU at twice the step time"),
+    "packing": (False, "sequence packing trained 0.96x the real target tokens/s of length buckets on Multi30k"),
 }
 
 

@@ -288,7 +288,7 @@ def streams_training_split(run_config):
     from an in-memory `BinarizedCorpus`); subword sampling cuts the text anew each
     epoch, so a sampled run holds its text (`data.pipeline.make_dataset`).
     """
-    return run_config.corpus != "demo" and not (_samples_subwords(run_config) or run_config.packing)
+    return run_config.corpus != "demo" and not _samples_subwords(run_config)
 
 
 def _samples_subwords(run_config):
@@ -378,14 +378,13 @@ def make_datasets(run_config, config, splits, tokenizer, completed_epochs=0, pri
     if splits.get("validation"):
         validation, _ = make_dataset(splits["validation"], tokenizer, shuffle=False, **batching)
     train = splits["train"]
-    if _samples_subwords(run_config) or run_config.packing:
+    if _samples_subwords(run_config):
         if isinstance(train, TextCorpus):
             train = list(train)
         sampling = (run_config.subword_sampling_source, run_config.subword_sampling_target)
         # Sampled segmentations change the batches an epoch holds: always repeated.
         batches, train_stats = make_dataset(
-            train, tokenizer, seed=run_config.seed, repeat=True, subword_sampling=sampling,
-            packing=run_config.packing, **batching
+            train, tokenizer, seed=run_config.seed, repeat=True, subword_sampling=sampling, **batching
         )
         steps_per_epoch = run_config.steps_per_epoch or train_stats.num_batches
         return Datasets(train=batches, validation=validation, train_stats=train_stats, steps_per_epoch=steps_per_epoch)

@@ -99,9 +99,6 @@ class RunConfig:
     # growing ~1.5x); N > 0 gives N, 2N, 3N, ... up to max_length: less padding, more
     # batch shapes (each one an XLA compilation when jit_compile is on).
     bucket_width: int = 0
-    # Several pairs per row of max_length tokens (make_dataset(packing=True)): almost no
-    # padding, longer rows; the buckets above are then not used. Training batches only.
-    packing: bool = False
     # Subword regularization of the training pairs: each epoch cuts every sentence of a
     # side anew with a segmentation drawn at random (make_dataset(subword_sampling=...);
     # with a BPE tokenizer, BPE-dropout with this probability, Provilkov et al. 2020:
@@ -179,13 +176,6 @@ class RunConfig:
         checks.check_non_negative_number("max_train_seconds", self.max_train_seconds)
         for name in ("subword_sampling_source", "subword_sampling_target"):
             checks.check_rate(name, getattr(self, name))
-        if self.packing and (self.subword_sampling_source or self.subword_sampling_target):
-            raise ValueError(
-                "`packing` does not combine with subword sampling: packed rows are made once, "
-                "and sampling cuts the sentences anew each epoch. Received: packing=True, "
-                f"subword_sampling_source={self.subword_sampling_source:g}, "
-                f"subword_sampling_target={self.subword_sampling_target:g}"
-            )
         checks.check_non_negative_number("eval_length_penalty", self.eval_length_penalty)
         self._check_early_stopping()
         separators = [sep for sep in ("/", os.sep, os.altsep) if sep]
