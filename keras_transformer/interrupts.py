@@ -23,6 +23,7 @@ import sys
 import threading
 
 _interrupted = threading.Event()  # set by the handler; read by the loops' checks
+_depth = []  # one entry per `sigint_recorded` block open
 
 
 def handle_sigint(signum=signal.SIGINT, frame=None):
@@ -82,11 +83,14 @@ def sigint_recorded():
         signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     previous_hook = sys.unraisablehook
     previous = signal.signal(signal.SIGINT, handle_sigint) if installed else None
-    clear()
+    if not _depth:
+        clear()  # a command inside another keeps the outer one's record
+    _depth.append(True)
     sys.unraisablehook = _quiet_unraisable(previous_hook)
     try:
         yield
     finally:
+        _depth.pop()
         sys.unraisablehook = previous_hook
         if installed:  # None: a handler installed outside Python, which Python's default stands for
             signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)

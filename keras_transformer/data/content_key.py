@@ -2,15 +2,15 @@
 
 A cached copy is named by what it was made from, so a file's content, not its path,
 size and modification time, goes into the key: an rsync or a restore can bring other
-text under the same size and time. Hashing a 1.3 GB corpus costs one read of it, so a
-file's blake2b is remembered in a small record in the cache folder (`RECORD_FILE`),
-under its path, device, inode, size, modification time and change time (ctime). The
-kernel sets ctime to the current time at every change to a file, its modification
-time included (`os.utime`, `touch -d`, `rsync -t`, `tar -x` all change it), and no call
-sets it back, so a file with the same ctime has not changed since it was hashed, and an
-unchanged file is not read again. As git does with its index, a digest is recorded only
-when the file's ctime is `RACY_SECONDS` older than the hashing: a change within the
-clock's granularity of the hash would otherwise go unseen.
+text under the same size and time. Hashing a corpus costs one read of it, so a file's
+blake2b is remembered in a small record in the cache folder (`RECORD_FILE`), under the
+machine, the file's path, device, inode, size, modification time and change time
+(ctime). The kernel sets ctime to the current time at every change to a file, a change
+of its modification time included (`os.utime`, `touch -d`, `rsync -t`, `tar -x`), and
+no call sets it back: a file with the same ctime has not changed since it was hashed,
+and is not read again. As git does with its index, a digest is recorded only when the
+file's ctime is `RACY_SECONDS` older than the hashing: a change within the clock's
+granularity of the hash would otherwise go unseen.
 """
 
 import json
@@ -19,6 +19,7 @@ import time
 
 from keras_transformer.atomic import write_text_atomically
 from keras_transformer.data import digests
+from keras_transformer.data.cache_staging import host_name
 
 RECORD_FILE = "input-digests.json"
 RACY_SECONDS = 2.0  # a file changed this recently is hashed again at its next use
@@ -46,7 +47,9 @@ def file_digest(path, record_dir=None):
 
 
 def _stat_key(path, status):
-    return "|".join(map(str, (os.path.abspath(path), status.st_dev, status.st_ino, status.st_size,
+    # The machine too: a cache folder may be shared, and two machines' local disks may hold
+    # files of the same path and inode (made from one image).
+    return "|".join(map(str, (host_name(), os.path.abspath(path), status.st_dev, status.st_ino, status.st_size,
                               status.st_mtime_ns, status.st_ctime_ns)))
 
 
@@ -65,7 +68,7 @@ def _current(record):
     """The entries of `record` whose file is still as it was when hashed (the others can never match again)."""
     kept = {}
     for key, digest in record.items():
-        path = key.rsplit("|", 5)[0]
+        path = key.rsplit("|", 5)[0].split("|", 1)[-1]
         try:
             if _stat_key(path, os.stat(path)) == key:
                 kept[key] = digest
