@@ -192,3 +192,38 @@ def test_a_run_samples_its_training_batches_and_not_validation(tokenizer):
     assert len({row[2] for row in epochs_of_rows(datasets.train, 6)}) > 1
     validation = {row[2] for row in epochs_of_rows(datasets.validation, 6)}
     assert validation == {tuple(tokenizer.encode([PAIR[1]])[0]) + (EOS_ID,)}
+
+
+def _several_processes(monkeypatch):
+    """Makes this process look like one of two workers, the way its backend would say so."""
+    import keras
+
+    from keras_transformer.train import run
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":  # a MultiWorkerMirroredStrategy resolved from TF_CONFIG
+        monkeypatch.setattr(run, "_multi_worker_strategy", lambda run_config: object())
+        return "several"
+    if backend == "jax":  # Keras' process variables, before select_strategy joins the processes
+        monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")
+        return "2"
+    import torch.distributed  # torchrun's process group
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    return "2"
+
+
+def test_a_sampled_run_of_several_worker_processes_is_refused_naming_both_settings(monkeypatch):
+    from keras_transformer.train.run import check_sampling_strategy
+
+    sampled = run_config(subword_sampling_target=0.1)
+    check_sampling_strategy(sampled)  # one process: trained (through make_dataset)
+    processes = _several_processes(monkeypatch)
+    check_sampling_strategy(run_config())  # not sampled: the workers share IndexBatches' batches
+    with pytest.raises(ValueError, match=(
+        r"^Subword sampling does not combine with training in several worker processes: .* Received: "
+        rf"subword_sampling_source=0.0, subword_sampling_target=0.1 and strategy='' \({processes} worker processes\)")):
+        check_sampling_strategy(sampled)
+    with pytest.raises(ValueError, match=r"strategy='multi_worker' \(several worker processes\)"):
+        check_sampling_strategy(sampled.replace(strategy="multi_worker"))

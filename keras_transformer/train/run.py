@@ -614,8 +614,8 @@ def check_sampling_strategy(run_config):
     """
     if not _samples_subwords(run_config):
         return
-    processes = _worker_processes(run_config)
-    if processes is None or processes > 1 or run_config.strategy == "multi_worker":
+    processes = None if run_config.strategy == "multi_worker" else _worker_processes(run_config)
+    if processes is None or processes > 1:
         raise ValueError(
             "Subword sampling does not combine with training in several worker processes: each "
             "process would draw other segmentations of the same pairs (sentencepiece's draws "
@@ -635,9 +635,18 @@ def _worker_processes(run_config):
             return 1
         return None  # MultiWorkerMirroredStrategy: one process per worker (TF_CONFIG's cluster)
     if backend == "jax":
-        import jax
+        from keras_transformer import jax_processes
 
-        return jax.process_count()
+        if jax_processes.is_multi_process():
+            import jax
+
+            return jax.process_count()
+        # Not joined yet (select_strategy joins them later): Keras' process variables say so.
+        # JAX's backend must not start here, or this process could not join the others.
+        if not jax_processes.requested():
+            return 1
+        count = os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "").strip()
+        return int(count) if count.isdigit() else None
     import torch.distributed
 
     initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
