@@ -2,9 +2,9 @@
 
 fairseq's answer to corpora of millions of pairs (`fairseq-preprocess`): tokenize every
 pair once, write the ids back to back in one flat file per side, and keep an offset per
-pair. Opening it maps the files (no reading, no tokenizing), so a run's start and its
-memory do not grow with the corpus; a batch gathers its pairs' ids from the pages it
-touches. The directory holds:
+pair. Opening it verifies the files (one read of them, in blocks) and maps them (no
+tokenizing, nothing held), so a run's memory does not grow with the corpus; a batch
+gathers its pairs' ids from the pages it touches. The directory holds:
 
     source.bin, target.bin      every pair's ids, back to back (uint16, or int32 for a
                                 vocabulary over 65,536 pieces); no BOS or EOS
