@@ -8,9 +8,11 @@ host. Each is started with the same command and Keras' three variables
 - `initialize()` calls `keras.distribution.initialize()` (which calls
   `jax.distributed.initialize`) before JAX starts its backend, with the distributed
   runtime's heartbeat and shutdown timeouts set to `heartbeat_seconds()`: a process
-  that dies, hangs or raises ends every other one within about that long (the runtime
-  stops them with one line, "Terminating process because the JAX distributed service
-  detected fatal errors", and a nonzero status) instead of JAX's 100 and 300 s.
+  that is killed or hangs ends every other one within about that long (the runtime
+  aborts them with "Terminating process because the JAX distributed service detected
+  fatal errors") instead of JAX's 100 and 300 s. A process that raises reports it
+  first (`report_failure`, through the runtime's key-value store): every other one
+  stops at once with one line naming it, and status 1.
 - `data_parallel()` is `keras.distribution.DataParallel` over every process's devices,
   each process's devices side by side on the batch axis, with Keras' own sharding of
   the dataset off (`auto_shard_dataset=False`): Keras can only split a dataset whose
@@ -38,11 +40,15 @@ save weights that span processes (reading them raises "Fetching value for `jax.A
 that spans non-addressable devices"), so `model_parallel` is refused there.
 """
 
+import atexit
 import contextlib
 import functools
 import hashlib
 import json
 import os
+import sys
+import threading
+import time
 
 import keras
 import numpy as np
@@ -57,6 +63,13 @@ HEARTBEAT_ENVIRONMENT = "KERAS_TRANSFORMER_JAX_HEARTBEAT_SECONDS"
 # JAX's defaults are 100 s (heartbeat) and 300 s (shutdown). The runtime's heartbeats run
 # on their own threads, so a long XLA compile or a slow step never misses one.
 DEFAULT_HEARTBEAT_SECONDS = 30
+# The exit status of a process that stops because another one failed.
+STOPPED_BY_ANOTHER_STATUS = 1
+# The distributed runtime's key-value store: the first failure's one line.
+_FAILURE_KEY = "keras_transformer/failure"
+_state = {"reported": False, "exiting": False, "watch": None}
+# How long the watch waits on the store at a time: also how long it may delay the exit.
+_WATCH_WAIT_MS = 500
 
 
 def requested():
@@ -110,7 +123,99 @@ def initialize():
             "keras_transformer.distribute.select_strategy(...) (or keras.distribution.initialize()) "
             "first thing in the program, before any array, model or jax.devices()."
         ) from error
+    _watch_for_failures()
     return jax.process_count()
+
+
+def report_failure(error):
+    """Tells the other processes that this one failed with `error`: each stops at once with one line.
+
+    Called by `failure_reported` and by the `sys.excepthook` that `initialize` installs;
+    the first report wins. This process then ends with status 1 at exit, without waiting
+    for the others at JAX's shutdown barrier (they are gone). Without a report (a process
+    killed, or one that hangs), the distributed runtime stops the others within
+    `heartbeat_seconds()`.
+    """
+    client = _client()
+    if client is None or _state["reported"] or not is_multi_process():
+        return
+    import jax
+
+    _state["reported"] = True
+    text = str(error).strip().splitlines()
+    detail = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    if isinstance(error, KeyboardInterrupt):
+        detail = "interrupted"
+    with contextlib.suppress(Exception):  # another process reported first
+        client.key_value_set(_FAILURE_KEY, f"JAX process {jax.process_index()} of {jax.process_count()} failed ({detail})")
+
+
+@contextlib.contextmanager
+def failure_reported():
+    """Reports an exception that leaves the block (`report_failure`), then lets it go on up."""
+    try:
+        yield
+    except BaseException as error:
+        report_failure(error)
+        raise
+
+
+def _client():
+    """The distributed runtime's client of this process (JAX keeps it in a private module), or None."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from jax._src import distributed
+
+        return distributed.global_state.client
+    return None
+
+
+def _watch_for_failures():
+    """A thread that ends this process with one line as soon as another one reports a failure."""
+    client = _client()
+    if client is None or not is_multi_process() or _state["watch"] is not None:
+        return
+    import jax
+
+    here = f"JAX process {jax.process_index()} of {jax.process_count()}"
+
+    def watch():
+        while not _state["exiting"]:
+            started = time.monotonic()
+            try:
+                message = client.blocking_key_value_get(_FAILURE_KEY, _WATCH_WAIT_MS)
+            except Exception:  # nothing reported yet; a runtime error is the runtime's to report
+                time.sleep(max(0.0, _WATCH_WAIT_MS / 1000 - (time.monotonic() - started)))
+                continue
+            if _state["reported"] or _state["exiting"]:
+                return  # this process failed itself: its own error is what it shows
+            print(f"{message}; {here} stops too", file=sys.stderr, flush=True)
+            os._exit(STOPPED_BY_ANOTHER_STATUS)
+
+    _state["watch"] = threading.Thread(target=watch, name="keras_transformer-failure-watch", daemon=True)
+    _state["watch"].start()
+    hook = sys.excepthook
+
+    def report_and_show(kind, value, traceback):
+        report_failure(value)
+        hook(kind, value, traceback)
+
+    sys.excepthook = report_and_show
+    # Registered after JAX's own exit handler, so it runs first.
+    atexit.register(_at_exit)
+
+
+def _at_exit():
+    _state["exiting"] = True
+    if not _state["reported"]:
+        # A daemon thread still inside the runtime's C++ call when Python finalizes aborts
+        # the process ("FATAL: exception not rethrown"): let its wait end first.
+        _state["watch"].join(timeout=2 * _WATCH_WAIT_MS / 1000)
+        return
+    # The others stopped on the report: JAX's shutdown barrier would wait for them in vain.
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(1)
 
 
 def is_multi_process():
@@ -374,6 +479,7 @@ __all__ = [
     "check_same_run",
     "chief_value",
     "data_parallel",
+    "failure_reported",
     "global_devices",
     "heartbeat_seconds",
     "initialize",
@@ -383,6 +489,7 @@ __all__ = [
     "process_parts",
     "process_rows",
     "process_shard",
+    "report_failure",
     "requested",
     "wait_for_all",
 ]

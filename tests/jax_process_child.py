@@ -10,7 +10,8 @@ compare with `distributed_child.fit_losses` on one device.
   `CORPUS_DIR` (`jax_processes.process_dataset`), `fit`, and the weights saved to
   `OUT_DIR/process_<index>.npz`.
 - `mismatch`: `check_same_run` with a `tokens_per_batch` that differs between processes.
-- `fault`: trains until killed; writes `OUT_DIR/step_<index>` after its second step.
+- `fault`: trains until killed; writes `OUT_DIR/step_<index>` after its second step, and
+  raises after its third in the process `RAISE_IN` names.
 """
 
 import json
@@ -85,10 +86,14 @@ def run_fault():
 
     marker = os.path.join(os.environ["OUT_DIR"], f"step_{jax.process_index()}")
 
+    raises = os.environ.get("RAISE_IN") == str(jax.process_index())
+
     class Marker(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == 1:
                 open(marker, "w").close()
+            if batch == 2 and raises:
+                raise RuntimeError(f"process {jax.process_index()} failed on purpose")
 
     data = jax_processes.process_dataset(corpus_batches, engine)
     with distribute.distribution_scope(engine):

@@ -127,7 +127,7 @@ def test_processes_that_would_train_different_runs_are_refused_naming_the_differ
         )
 
 
-def test_a_killed_process_ends_the_others_with_one_line_and_a_nonzero_status(corpus, tmp_path):
+def test_a_killed_process_ends_the_others_within_the_heartbeat_with_a_nonzero_status(corpus, tmp_path):
     processes = start_processes("fault", CORPUS_DIR=corpus.directory, OUT_DIR=str(tmp_path))
     chief, other = processes
     try:
@@ -139,7 +139,22 @@ def test_a_killed_process_ends_the_others_with_one_line_and_a_nonzero_status(cor
         stop(processes)
     assert chief.returncode != 0
     assert "Terminating process because the JAX distributed service detected fatal errors" in stderr
-    assert not (tmp_path / "finished").exists()
+
+
+def test_a_process_that_raises_stops_the_others_at_once_with_one_line(corpus, tmp_path):
+    failing = 0  # the chief: the runtime's coordinator goes with it (process 1 failing is measured in docs)
+    processes = start_processes("fault", CORPUS_DIR=corpus.directory, OUT_DIR=str(tmp_path), RAISE_IN=str(failing))
+    try:
+        outputs = [process.communicate(timeout=CHILD_TIMEOUT_S) for process in processes]
+    finally:
+        stop(processes)
+    other = 1 - failing
+    assert [process.returncode for process in processes] == [1, 1]
+    message = f"RuntimeError: process {failing} failed on purpose"
+    assert outputs[failing][1].rstrip().endswith(message)  # its own traceback, then nothing of JAX's
+    assert outputs[other][1].rstrip().splitlines()[-1] == (
+        f"JAX process {failing} of 2 failed ({message}); JAX process {other} of 2 stops too"
+    )
 
 
 def wait_for_marker(path, processes, timeout=CHILD_TIMEOUT_S):
