@@ -13,6 +13,7 @@ import pytest
 from keras_transformer.train import callbacks as kt_callbacks
 from keras_transformer.model import directory as model_directory
 from keras_transformer.train.callbacks import (
+    StopOnInterrupt,
     StopOnNaN,
     BleuCallback,
     KeepLastCheckpoints,
@@ -259,6 +260,7 @@ def test_default_callbacks_order_and_files(tmp_path):
     )
     kinds = [type(c) for c in callbacks]
     expected = [
+        StopOnInterrupt,
         TimeBudget,
         StopOnNaN,
         LearningRateLogger,
@@ -274,6 +276,7 @@ def test_default_callbacks_order_and_files(tmp_path):
     # Without validation pairs and with checkpoints off, those callbacks are left out.
     kinds = [type(c) for c in default_callbacks(str(tmp_path), keep_checkpoints=0, tensorboard=False)]
     assert kinds == [
+        StopOnInterrupt,
         StopOnNaN,
         LearningRateLogger,
         keras.callbacks.BackupAndRestore,
@@ -294,3 +297,30 @@ def test_a_nan_stop_names_the_likely_cause():
     with pytest.warns(UserWarning, match=r"Training stopped at batch 0: the loss is nan\. .*outside \[0, vocab_size\)"):
         history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[StopOnNaN()])
     assert len(history.history["loss"]) == 1  # stopped in the first epoch
+
+
+def test_a_swallowed_interrupt_stops_fit_at_the_next_batch():
+    """A Ctrl-C recorded but dropped (as inside a gc callback) ends `fit` after that batch."""
+    from keras_transformer import interrupts
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    seen = []
+
+    class SwallowAtSecondBatch(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(batch)
+            if batch == 1:
+                try:
+                    interrupts.handle_sigint()
+                except KeyboardInterrupt:
+                    pass  # what Python does with an exception raised in a gc callback
+
+    x = np.zeros((8, 2), "float32")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(x, x[:, :1], batch_size=1, epochs=1, verbose=0,
+                      callbacks=[SwallowAtSecondBatch(), StopOnInterrupt()])
+    finally:
+        interrupts.clear()
+    assert seen == [0, 1]  # without the callback all 8 batches run

@@ -25,7 +25,7 @@ from keras_transformer.train.checkpoints import (
     remove_step_checkpoints_after,
     weights_are_finite,
 )
-from keras_transformer import checks
+from keras_transformer import checks, interrupts
 from keras_transformer.inference.decoding import BEAM_SIZE
 from keras_transformer.inference.evaluation import score_translations
 from keras_transformer.train.losses import NAN_LOSS_HINT
@@ -519,6 +519,23 @@ class SampleTranslations(_TranslationCallback):
         self.print_fn("\n".join(lines))
 
 
+class StopOnInterrupt(keras.callbacks.Callback):
+    """Raises a Ctrl-C again after each batch if one was recorded but swallowed.
+
+    A `KeyboardInterrupt` raised while a garbage-collector callback runs (JAX registers
+    one) is printed and dropped by Python, so `fit` would train on to the end;
+    `keras_transformer.interrupts` records every SIGINT its handler sees, and this
+    callback turns the record back into the interrupt at the next batch boundary, where
+    the run stops as after any Ctrl-C (the last finished epoch kept for resuming).
+    """
+
+    def on_train_batch_end(self, batch, logs=None):
+        interrupts.raise_if_interrupted()
+
+    def on_test_batch_end(self, batch, logs=None):
+        interrupts.raise_if_interrupted()
+
+
 def default_callbacks(
     model_dir,
     *,
@@ -538,7 +555,8 @@ def default_callbacks(
 ):
     """The callbacks of a training run, writing into `model_dir`.
 
-    In order: `TimeBudget` (if `max_train_seconds`), `StopOnNaN` (Keras' `TerminateOnNaN`),
+    In order: `StopOnInterrupt` (a Ctrl-C swallowed by a gc callback raised again),
+    `TimeBudget` (if `max_train_seconds`), `StopOnNaN` (Keras' `TerminateOnNaN`),
     `LearningRateLogger`, `BleuCallback` and `SampleTranslations` (if validation pairs
     and a tokenizer are given, and their counts are > 0), `KeepLastCheckpoints`
     (`checkpoints/epoch_NNN.weights.h5`, or `step_NNNNNNN.weights.h5` every
@@ -584,7 +602,8 @@ def default_callbacks(
     _check_callback_arguments(
         validation_pairs, tokenizer, bleu_every_epochs, early_stopping_patience, early_stopping_monitor
     )
-    callbacks = [TimeBudget(max_train_seconds)] if max_train_seconds else []
+    callbacks = [StopOnInterrupt()]
+    callbacks += [TimeBudget(max_train_seconds)] if max_train_seconds else []
     callbacks += [StopOnNaN(), LearningRateLogger()]
     if validation_pairs:
         callbacks += _validation_callbacks(
@@ -674,6 +693,7 @@ def _tensorboard_installed():
 
 
 __all__ = [
+    "StopOnInterrupt",
     "LearningRateLogger",
     "TimeBudget",
     "KeepLastCheckpoints",
