@@ -31,8 +31,9 @@ host. Each is started with the same command and Keras' three variables
 - `check_same_run` compares what each process is about to train (its run config, the
   corpus's content, the tokenizer) and refuses to start, naming what differs.
 - `ProcessSync` makes the chief's word final: the weights and epoch it resumed from,
-  and whether to stop (a time budget read from each process's own clock could stop
-  one process a step before another, which would leave it waiting forever).
+  whether to stop (a time budget read from each process's own clock could stop one
+  process a step before another, which would leave it waiting forever) and a budgeted
+  schedule's total steps.
 - `is_chief()`: process 0 writes the model directory, logs and checkpoints.
 
 `keras.distribution.ModelParallel` over several processes trains, but Keras 3.15 cannot
@@ -410,42 +411,67 @@ def wait_for_all(name):
 
 
 class ProcessSync(keras.callbacks.Callback):
-    """The chief's word is final: the state a run resumes from, and when training stops.
+    """The chief's word is final: the state a run resumes from, when it stops, its schedule's total.
 
     Put it after every other callback. `on_train_begin` (after `BackupAndRestore`, which
     restores a resumed run in the chief only: the others write their files into a
     scratch directory) gives every process the chief's weights, optimizer state and
-    initial epoch. After each batch and epoch, `model.stop_training` becomes the
-    chief's: `TimeBudget` reads each process's own clock. One process alone does nothing.
+    initial epoch. At each epoch's start and after each batch and epoch,
+    `model.stop_training` becomes the chief's (`TimeBudget` reads each process's own
+    clock: one process stopping a batch before another would leave that one waiting),
+    and so does the total of a budgeted schedule (`StepBudgetEstimator` times each
+    process's own steps, and the total is compiled into the step: every process must run
+    the same program). One process alone does nothing.
     """
 
     def on_train_begin(self, logs=None):
-        import jax
         from jax.experimental import multihost_utils
 
-        if jax.process_count() == 1:
+        if not is_multi_process():
             return
         model = self.model
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)  # as BackupAndRestore does in the chief
         variables = list(model.variables) + (list(model.optimizer.variables) if model.optimizer else [])
-        values = [np.asarray(variable.value) for variable in variables]
-        values = multihost_utils.broadcast_one_to_all(values)
+        values = multihost_utils.broadcast_one_to_all([np.asarray(variable.value) for variable in variables])
         for variable, value in zip(variables, values):
             variable.assign(value)
+        # The epoch `fit` starts at, which `BackupAndRestore` sets when it restores (Keras keeps
+        # it in `_initial_epoch`; no public accessor).
         model._initial_epoch = chief_value(int(getattr(model, "_initial_epoch", None) or 0)) or None
 
-    def _agree(self):
-        import jax
-
-        if jax.process_count() > 1:
-            self.model.stop_training = bool(chief_value(int(bool(self.model.stop_training))))
+    def on_epoch_begin(self, epoch, logs=None):
+        self._agree()
 
     def on_train_batch_end(self, batch, logs=None):
         self._agree()
 
     def on_epoch_end(self, epoch, logs=None):
         self._agree()
+
+    def _agree(self):
+        from jax.experimental import multihost_utils
+
+        if not is_multi_process():
+            return
+        schedule = _budget_schedule(self.model)
+        state = np.array([int(bool(self.model.stop_training)), -1 if schedule is None else int(schedule.total_steps)],
+                         np.int32)
+        stop, total = (int(value) for value in multihost_utils.broadcast_one_to_all(state))
+        self.model.stop_training = bool(stop)
+        if schedule is not None and total != schedule.total_steps:
+            schedule.total_steps = total
+            self.model.make_train_function(force=True)  # the compiled step holds the old total
+
+
+def _budget_schedule(model):
+    """The optimizer's `BudgetSchedule` (whose total a `StepBudgetEstimator` sets), else None."""
+    from keras_transformer.train.budget_estimate import budget_schedule_of
+
+    try:
+        return budget_schedule_of(model.optimizer)[0]
+    except ValueError:  # another learning rate: nothing estimated, nothing to agree on
+        return None
 
 
 @contextlib.contextmanager
