@@ -1,4 +1,4 @@
-"""The distributed engine for a run: `tf.distribute` on TensorFlow, `keras.distribution` on JAX.
+"""The distributed engine for a run: `tf.distribute` on TensorFlow, `keras.distribution` on JAX, torchrun's processes on PyTorch.
 
 `distribution_scope(name)` picks an engine that already exists and enters its scope;
 build, compile and fit the model inside it. Nothing here distributes by hand. Names:
@@ -6,10 +6,12 @@ build, compile and fit the model inside it. Nothing here distributes by hand. Na
 - "auto": TensorFlow: a TPU if one resolves, else `MultiWorkerMirroredStrategy` if
   `TF_CONFIG` lists several workers, else `MirroredStrategy` if there are several GPUs,
   else the default strategy. JAX: `DataParallel` over several devices, else none.
-  PyTorch: one device.
+  PyTorch: data parallel when torchrun started several processes (`WORLD_SIZE` > 1),
+  else one device.
 - "default": one device on every backend.
 - "data_parallel": TensorFlow: multi-worker if `TF_CONFIG` lists several workers, else
-  mirrored. JAX: `keras.distribution.DataParallel`.
+  mirrored. JAX: `keras.distribution.DataParallel`. PyTorch: one replica per process of a
+  torchrun job (`torch_processes`).
 - "mirrored", "multi_worker", "tpu": TensorFlow's `MirroredStrategy` (all GPUs, or
   `devices`), `MultiWorkerMirroredStrategy` (from `TF_CONFIG`), `TPUStrategy`
   (`TPUClusterResolver`).
@@ -21,8 +23,12 @@ process of several: `select_strategy` joins them first (`jax_processes.initializ
 "auto" and "data_parallel" give one `DataParallel` over all their devices, each process
 feeding its own rows of every batch (`jax_processes.process_dataset`).
 
-A name the backend cannot run raises `ValueError` saying which can; on PyTorch every
-multi-device name does, since Keras 3 has no multi-device `fit` there.
+On PyTorch, which has no multi-device `fit` in Keras 3, torchrun's processes are the
+replicas: `select_strategy` joins them first (`torch_processes.initialize`), each process
+feeds its rows of every batch (`torch_processes.process_dataset`), and
+`train.torch_data_parallel` averages each step's gradients across them.
+
+A name the backend cannot run raises `ValueError` saying which can.
 
 The batch is global: `model.fit` under `tf.distribute` splits each batch of the dataset
 across the replicas (`experimental_distribute_dataset`, checked for batches of varying
@@ -62,7 +68,7 @@ STRATEGY_NAMES = (
 _SUPPORTED = {
     "tensorflow": ("auto", "default", "data_parallel", "mirrored", "multi_worker", "tpu"),
     "jax": ("auto", "default", "data_parallel", "model_parallel"),
-    "torch": ("auto", "default"),
+    "torch": ("auto", "default", "data_parallel"),
 }
 # Environment variables that say a TPU is there to resolve (Cloud TPU VM, TPU node, Colab).
 _TPU_ENVIRONMENT = (
@@ -123,7 +129,8 @@ def select_strategy(
     """The engine for `name` on the current Keras backend (see `distribution_scope`).
 
     Returns a `tf.distribute.Strategy` on TensorFlow; a `keras.distribution.DataParallel`,
-    `ModelParallel` or None (one device) on JAX; None on PyTorch. Raises `ValueError`
+    `ModelParallel` or None (one device) on JAX; a `torch_processes.TorchDataParallel` or
+    None (one process) on PyTorch. Raises `ValueError`
     for an unknown name or one the backend cannot run, naming what it can. The
     TensorFlow cluster strategies ("multi_worker", "tpu") are made once per process and
     returned again by later calls.
@@ -154,6 +161,8 @@ def select_strategy(
         return _tensorflow_strategy(name, devices, tpu)
     if backend == "jax":
         return _jax_distribution(name, config, devices, model_parallel_size)
+    if backend == "torch":
+        return _torch_engine(name)
     return _single_device(backend)
 
 
@@ -165,6 +174,8 @@ def num_replicas(engine):
         return int(engine.num_replicas_in_sync)
     if _is_keras_distribution(engine):
         return int(engine.num_model_replicas)
+    if _is_torch_engine(engine):
+        return engine.world_size
     raise ValueError(f"Expected an engine from select_strategy. Received: {engine!r}")
 
 
@@ -172,6 +183,8 @@ def describe(engine):
     """One line saying what `engine` runs on, for logs: "MirroredStrategy, 2 replicas: ..."."""
     if engine is None:
         return f"one device ({keras.backend.backend()} backend)"
+    if _is_torch_engine(engine):
+        return engine.describe()
     if hasattr(engine, "num_replicas_in_sync"):
         try:
             devices = ", ".join(engine.extended.worker_devices)
@@ -188,10 +201,15 @@ def describe(engine):
 def is_chief():
     """True in the one process that writes logs, checkpoints to keep, and exports.
 
-    From `TF_CONFIG` when it is set (the "chief" task, or worker 0 of a cluster with no
-    chief); else, on JAX, process 0 (`jax.process_index()`, or before JAX joins the other
-    processes, `KERAS_DISTRIBUTION_PROCESS_ID`); else True (one process).
+    On PyTorch, rank 0 of a torchrun job (`RANK`). Else from `TF_CONFIG` when it is set
+    (the "chief" task, or worker 0 of a cluster with no chief); else, on JAX, process 0
+    (`jax.process_index()`, or before JAX joins the other processes,
+    `KERAS_DISTRIBUTION_PROCESS_ID`); else True (one process).
     """
+    if keras.backend.backend() == "torch":
+        from keras_transformer import torch_processes
+
+        return torch_processes.is_chief()
     tf_config = _tf_config()
     if tf_config:
         task = tf_config.get("task") or {}
@@ -367,8 +385,16 @@ def _is_keras_distribution(value):
     return isinstance(value, (keras.distribution.DataParallel, keras.distribution.ModelParallel))
 
 
+def _is_torch_engine(value):
+    if keras.backend.backend() != "torch":
+        return False
+    from keras_transformer import torch_processes
+
+    return isinstance(value, torch_processes.TorchDataParallel)
+
+
 def _is_engine(value):
-    if _is_keras_distribution(value):
+    if _is_keras_distribution(value) or _is_torch_engine(value):
         return True
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -380,11 +406,10 @@ def _is_engine(value):
 def _unsupported_message(name, backend, supported):
     if backend == "torch":
         return (
-            f"The PyTorch backend runs on a single device: Keras 3 has no multi-device "
-            f"engine for model.fit on PyTorch (keras.distribution supports JAX, tf.distribute "
-            f"needs TensorFlow). Received: strategy={name!r}. Use strategy='auto' or "
-            "'default' here, or KERAS_BACKEND=jax (data_parallel, model_parallel) or "
-            "KERAS_BACKEND=tensorflow (mirrored, multi_worker, tpu)."
+            f"Strategy {name!r} is not available on the PyTorch backend, which scales out as "
+            "processes started by torchrun, one replica each: use 'data_parallel' (or 'auto') "
+            "under torchrun, KERAS_BACKEND=jax for model_parallel, or KERAS_BACKEND=tensorflow "
+            f"for mirrored, multi_worker and tpu. Expected one of {supported}."
         )
     hint = {
         ("jax", "mirrored"): "use 'data_parallel' (keras.distribution.DataParallel)",
@@ -407,11 +432,37 @@ def _single_device(backend):
 
         if torch.cuda.is_available() and torch.cuda.device_count() > 1:
             warnings.warn(
-                f"{torch.cuda.device_count()} GPUs are visible but the PyTorch backend "
-                "trains on one; use KERAS_BACKEND=jax or tensorflow to use them all.",
+                f"{torch.cuda.device_count()} GPUs are visible but this process trains on one; "
+                "start one process per GPU with torchrun --nproc_per_node to use them all "
+                "(strategy 'auto' or 'data_parallel').",
                 stacklevel=3,
             )
     return None
+
+
+_NOT_UNDER_TORCHRUN = (
+    "strategy='data_parallel' on PyTorch trains one replica per process started by torchrun, "
+    "and this process was not (WORLD_SIZE is not set): run torchrun --nproc_per_node=N kt-train ... "
+    "(or torchrun ... your_script.py), or use strategy='auto' for one device."
+)
+_ONE_DEVICE_OF_SEVERAL_TORCH_PROCESSES = (
+    "strategy='default' trains on one device, but torchrun started this process as one of "
+    "{processes} (WORLD_SIZE): use 'auto' or 'data_parallel' to train over all of them."
+)
+
+
+def _torch_engine(name):
+    from keras_transformer import torch_processes
+
+    # First, before any variable exists: the process group, and each process's GPU.
+    processes = torch_processes.initialize()
+    if processes > 1:
+        if name == "default":
+            raise ValueError(_ONE_DEVICE_OF_SEVERAL_TORCH_PROCESSES.format(processes=processes))
+        return torch_processes.TorchDataParallel()
+    if name == "data_parallel" and not os.environ.get("WORLD_SIZE", "").strip():
+        raise ValueError(_NOT_UNDER_TORCHRUN)
+    return _single_device("torch")  # torchrun with one process: a world of one
 
 
 def _tf_config():

@@ -91,21 +91,28 @@ def test_names_the_backend_cannot_run_are_refused_with_the_alternative():
     unsupported = {
         "tensorflow": ("model_parallel", "ModelParallel needs KERAS_BACKEND=jax"),
         "jax": ("mirrored", "use 'data_parallel'"),
-        "torch": ("data_parallel", "The PyTorch backend runs on a single device"),
+        "torch": ("mirrored", "use 'data_parallel' \\(or 'auto'\\) under torchrun"),
     }[BACKEND]
     name, message = unsupported
     with pytest.raises(ValueError, match=message):
         distribute.select_strategy(name)
 
 
-@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's single-device rule")
-@pytest.mark.parametrize(
-    "name", ["mirrored", "data_parallel", "multi_worker", "tpu", "model_parallel"]
-)
-def test_torch_refuses_every_multi_device_strategy(name):
-    with pytest.raises(ValueError, match=rf"single device.*Received: strategy='{name}'"):
+@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's strategies")
+@pytest.mark.parametrize("name", ["mirrored", "multi_worker", "tpu", "model_parallel"])
+def test_torch_refuses_every_strategy_but_torchruns_data_parallel(name):
+    with pytest.raises(ValueError, match=rf"Strategy '{name}' is not available on the PyTorch backend.*torchrun"):
         with distribute.distribution_scope(name):
             pass
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the PyTorch backend's strategies")
+def test_torch_data_parallel_outside_torchrun_is_refused_naming_torchrun(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"one replica per process started by torchrun.*WORLD_SIZE is not set"):
+        distribute.select_strategy("data_parallel")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node=1: a world of one, one device
+    assert distribute.select_strategy("data_parallel") is None
 
 
 def test_auto_and_default_on_one_device_give_one_replica():

@@ -132,9 +132,10 @@ def run_training(run_config, *, print_fn=print):
     """
     if not isinstance(run_config, RunConfig):
         raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
-    if keras.backend.backend() == "tensorflow":
+    if keras.backend.backend() in ("tensorflow", "torch"):
         # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
-        # tf.data below); the scope around fit reuses this cached strategy.
+        # tf.data below); the scope around fit reuses this cached strategy. torchrun's
+        # processes join here, each taking its GPU before any tensor is made.
         distribute.select_strategy(run_config.strategy or None)
     check_sampling_strategy(run_config)
     chief = distribute.is_chief()
@@ -150,8 +151,8 @@ def run_training(run_config, *, print_fn=print):
         config = run_config.model_config(tokenizer.vocab_size)
         backup = os.path.join(plan.staging, model_directory.BACKUP_DIR)
         datasets = make_datasets(
-            run_config, config, splits, tokenizer, completed_epochs=backed_up_epochs(backup) if plan.resuming else 0,
-            print_fn=print_fn,
+            run_config, config, splits, tokenizer,
+            completed_epochs=_chief_value(backed_up_epochs(backup) if plan.resuming else 0), print_fn=print_fn,
         )
         fitted = _build_and_fit(run_config, plan, config, tokenizer, splits, datasets, print_fn)
         model_dir = _save_run(fitted.model, plan, tokenizer, print_fn)
@@ -520,6 +521,11 @@ def _run_callbacks(run_config, model_dir, splits, tokenizer, print_fn=print):
         )
         after = next(i for i, c in enumerate(callbacks) if isinstance(c, TimeBudget)) + 1
         callbacks.insert(after, estimator)
+    if keras.backend.backend() == "torch":
+        from keras_transformer import torch_processes
+
+        if torch_processes.is_multi_process():  # last: the chief's state, stop and schedule are final
+            callbacks.append(torch_processes.ProcessSync())
     return callbacks
 
 
@@ -591,9 +597,10 @@ def _binarized_datasets(run_config, config, binarized, validation, completed_epo
     steps_per_epoch = run_config.steps_per_epoch or batches.num_batches
     start = completed_epochs * steps_per_epoch
     strategy = _multi_worker_strategy(run_config)
+    train = _torch_processes_batches(run_config, binarized, make_batches, start)
     return Datasets(
         # Several workers: each one's pipeline gathers only its rows of every global batch.
-        train=distributed_dataset(strategy, make_batches, start) if strategy else batches.dataset(start),
+        train=train or (distributed_dataset(strategy, make_batches, start) if strategy else batches.dataset(start)),
         validation=validation,
         train_stats=batches.stats,
         steps_per_epoch=steps_per_epoch,
@@ -651,6 +658,33 @@ def _worker_processes(run_config):
 
     initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
     return torch.distributed.get_world_size() if initialized else 1
+
+
+def _chief_value(value):
+    """The chief's `value` in every PyTorch process of the run (only the chief reads the model directory)."""
+    if keras.backend.backend() != "torch":
+        return value
+    from keras_transformer import torch_processes
+
+    return torch_processes.chief_value(value)
+
+
+def _torch_processes_batches(run_config, binarized, make_batches, start):
+    """In a PyTorch run over several processes, this process's rows of every global batch; else None.
+
+    First every process's run config and corpus (its tokenizer's fingerprint included) are
+    compared: processes that would train different runs are refused, naming what differs.
+    """
+    if keras.backend.backend() != "torch":
+        return None
+    from keras_transformer import torch_processes
+
+    if not torch_processes.is_multi_process():
+        return None
+    torch_processes.check_same_run(
+        {**run_config.trained_settings(), "corpus": torch_processes.corpus_fingerprint(binarized)}
+    )
+    return torch_processes.process_dataset(make_batches, start)
 
 
 def _multi_worker_strategy(run_config):
