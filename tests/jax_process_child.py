@@ -10,6 +10,8 @@ compare with `distributed_child.fit_losses` on one device.
   `CORPUS_DIR` (`jax_processes.process_dataset`), `fit`, and the weights saved to
   `OUT_DIR/process_<index>.npz`.
 - `mismatch`: `check_same_run` with a `tokens_per_batch` that differs between processes.
+- `kt_train`: `kt-train` with the arguments after the mode, in the working directory
+  the test gives each process.
 - `fault`: trains until killed; writes `OUT_DIR/step_<index>` after its second step, and
   raises after its third in the process `RAISE_IN` names.
 """
@@ -103,6 +105,13 @@ def run_fault():
     return {"finished": True}
 
 
+def run_kt_train():
+    """`kt-train` (its `main`) with the arguments after the mode, in the working directory the test gave."""
+    from keras_transformer.cli import train
+
+    return {"status": train.main(sys.argv[2:])}
+
+
 if __name__ == "__main__":
-    modes = {"fit": run_fit, "mismatch": run_mismatch, "fault": run_fault}
+    modes = {"fit": run_fit, "mismatch": run_mismatch, "fault": run_fault, "kt_train": run_kt_train}
     print(json.dumps(modes[sys.argv[1]]()), flush=True)

@@ -18,7 +18,7 @@ import pytest
 
 import distributed_child
 import jax_process_child
-from test_distribute import LOSS_RTOL, WEIGHT_ATOL, child_env, free_ports
+from test_distribute import LOSS_RTOL, REPO, WEIGHT_ATOL, child_env, free_ports
 
 BACKEND = keras.backend.backend()
 CHILD = pathlib.Path(jax_process_child.__file__)
@@ -43,8 +43,11 @@ def corpus(tmp_path_factory):
     return write_binarized(pairs, tokenizer, str(tmp_path_factory.mktemp("corpus") / "corpus"), progress=False)
 
 
-def start_processes(mode, count=2, **env):
-    """Starts `count` children of `mode` as the JAX processes of one run; returns the Popen objects."""
+def start_processes(mode, count=2, arguments=(), cwd=None, **env):
+    """Starts `count` children of `mode` as the JAX processes of one run; returns the Popen objects.
+
+    A list in `cwd` or in an `env` value gives each process its own.
+    """
     address = f"127.0.0.1:{free_ports(1)[0]}"
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=1".strip()
     processes = []
@@ -55,10 +58,11 @@ def start_processes(mode, count=2, **env):
             KERAS_DISTRIBUTION_PROCESS_ID=str(index),
             KERAS_TRANSFORMER_JAX_HEARTBEAT_SECONDS=str(HEARTBEAT_SECONDS),
             XLA_FLAGS=flags,
+            **{key: value[index] if isinstance(value, list) else value for key, value in env.items()},
         )
         processes.append(subprocess.Popen(
-            [sys.executable, str(CHILD), mode], env=child_env("jax", **variables, **env),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, str(CHILD), mode, *arguments], env=child_env("jax", **variables),
+            cwd=cwd[index] if cwd else None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ))
     return processes
 
@@ -115,6 +119,37 @@ def test_two_processes_train_as_one_device_on_the_same_global_batches(corpus, tm
         assert sorted(saved.files) == sorted(weights)
         for path, value in weights.items():
             np.testing.assert_allclose(saved[path], value, atol=WEIGHT_ATOL, err_msg=path)
+
+
+def test_kt_train_over_two_processes_writes_only_in_the_chief(tmp_path):
+    from keras_transformer.model.directory import CONFIG_FILE, CSV_LOG_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE
+
+    settings = dict(
+        demo_num_train=300, vocab_size=64, max_train_seconds=0, epochs=1, steps_per_epoch=2, verbose=2,
+        tokens_per_batch=200, bleu_every_epochs=1, bleu_samples=2, sample_translations=1, jit_compile="auto",
+        **{"training.decay": "rsqrt", "model.d_model": 16, "model.d_ff": 32, "model.num_heads": 2,
+           "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "model.max_length": 24},
+    )
+    arguments = ["--config", str(REPO / "training" / "configs" / "demo.toml")]
+    for key, value in settings.items():
+        arguments += ["--set", f"{key}={value}"]
+    directories = [tmp_path / name for name in ("chief", "chief_tmp", "other", "other_tmp")]
+    for directory in directories:
+        directory.mkdir()
+    chief, chief_tmp, other, other_tmp = directories
+    processes = start_processes(
+        "kt_train", arguments=arguments, cwd=[chief, other], TMPDIR=[str(chief_tmp), str(other_tmp)]
+    )
+    results, _ = results_of(processes)
+
+    assert results == [{"status": 0}, {"status": 0}]
+    model_dir = chief / "saved_models" / "demo"
+    for name in (MODEL_FILE, TOKENIZER_FILE, CONFIG_FILE, MANIFEST_FILE, CSV_LOG_FILE):
+        assert (model_dir / name).is_file(), name
+    with open(model_dir / CSV_LOG_FILE) as file:
+        assert len(file.read().strip().splitlines()) == 2  # the header, one epoch (val_bleu included)
+    # The other process wrote nothing where it ran, and deleted its scratch directory.
+    assert list(other.iterdir()) == [] and list(other_tmp.iterdir()) == []
 
 
 def test_processes_that_would_train_different_runs_are_refused_naming_the_difference():

@@ -132,16 +132,17 @@ def run_training(run_config, *, print_fn=print):
     """
     if not isinstance(run_config, RunConfig):
         raise ValueError(f"`run_config` must be a RunConfig. Received: {type(run_config).__name__}")
-    if keras.backend.backend() in ("tensorflow", "torch"):
+    if keras.backend.backend() in ("tensorflow", "jax", "torch"):
         # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op (tokenizer,
         # tf.data below); the scope around fit reuses this cached strategy. torchrun's
-        # processes join here, each taking its GPU before any tensor is made.
+        # processes join here, each taking its GPU before any tensor is made; JAX's
+        # (KERAS_DISTRIBUTION_*) before JAX starts its backend.
         distribute.select_strategy(run_config.strategy or None)
     check_sampling_strategy(run_config)
     chief = distribute.is_chief()
     # The lock first, before the directory is read: of two runs started together one
     # waits for nothing and the other is refused. Only the chief writes there.
-    with exclusive_use(run_config.model_dir) if chief else contextlib.nullcontext():
+    with _jax_failure_reported(), exclusive_use(run_config.model_dir) if chief else contextlib.nullcontext():
         plan = _plan_run(run_config, chief, print_fn)
         keras.utils.set_random_seed(run_config.seed)
         splits = _timed(print_fn, "corpus", lambda: load_corpus(run_config))
@@ -156,6 +157,7 @@ def run_training(run_config, *, print_fn=print):
         )
         fitted = _build_and_fit(run_config, plan, config, tokenizer, splits, datasets, print_fn)
         model_dir = _save_run(fitted.model, plan, tokenizer, print_fn)
+        _jax_processes_done(chief, plan)
     return _training_result(run_config, model_dir, tokenizer, datasets, fitted, print_fn)
 
 
@@ -421,9 +423,7 @@ def fit(model, run_config, datasets, callbacks, replicas):
     train, validation = datasets.train, datasets.validation
     if replicas > 1 and keras.backend.backend() == "jax":
         # JAX shards each batch evenly; token-budget batches vary in size.
-        train = distribute.pad_batches_for_replicas(train, replicas)
-        if validation is not None:
-            validation = distribute.pad_batches_for_replicas(validation, replicas)
+        train, validation = _jax_batches(run_config, train, validation, replicas)
     counter = _StepCounter()
     epochs = run_config.epochs
     for callback in callbacks:
@@ -526,6 +526,11 @@ def _run_callbacks(run_config, model_dir, splits, tokenizer, print_fn=print):
 
         if torch_processes.is_multi_process():  # last: the chief's state, stop and schedule are final
             callbacks.append(torch_processes.ProcessSync())
+    if keras.backend.backend() == "jax":
+        from keras_transformer import jax_processes
+
+        if jax_processes.is_multi_process():  # last: the chief's state, stop and schedule are final
+            callbacks.append(jax_processes.ProcessSync())
     return callbacks
 
 
@@ -598,6 +603,7 @@ def _binarized_datasets(run_config, config, binarized, validation, completed_epo
     start = completed_epochs * steps_per_epoch
     strategy = _multi_worker_strategy(run_config)
     train = _torch_processes_batches(run_config, binarized, make_batches, start)
+    train = train or _jax_processes_batches(run_config, binarized, make_batches, start)
     return Datasets(
         # Several workers: each one's pipeline gathers only its rows of every global batch.
         train=train or (distributed_dataset(strategy, make_batches, start) if strategy else batches.dataset(start)),
@@ -661,7 +667,11 @@ def _worker_processes(run_config):
 
 
 def _chief_value(value):
-    """The chief's `value` in every PyTorch process of the run (only the chief reads the model directory)."""
+    """The chief's `value` in every PyTorch or JAX process of the run (only the chief reads the model directory)."""
+    if keras.backend.backend() == "jax":
+        from keras_transformer import jax_processes
+
+        return jax_processes.chief_value(value)
     if keras.backend.backend() != "torch":
         return value
     from keras_transformer import torch_processes
@@ -685,6 +695,63 @@ def _torch_processes_batches(run_config, binarized, make_batches, start):
         {**run_config.trained_settings(), "corpus": torch_processes.corpus_fingerprint(binarized)}
     )
     return torch_processes.process_dataset(make_batches, start)
+
+
+def _jax_processes_batches(run_config, binarized, make_batches, start):
+    """In a JAX run over several processes, this process's rows of every global batch; else None.
+
+    First every process's run config and corpus (its tokenizer's fingerprint included) are
+    compared: processes that would train different runs are refused, naming what differs.
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    from keras_transformer import jax_processes
+    from keras_transformer.torch_processes import corpus_fingerprint  # no torch import: a digest of the arrays
+
+    if not jax_processes.is_multi_process():
+        return None
+    jax_processes.check_same_run({**run_config.trained_settings(), "corpus": corpus_fingerprint(binarized)})
+    return jax_processes.process_dataset(make_batches, distribute.select_strategy(run_config.strategy or None), start)
+
+
+def _jax_batches(run_config, train, validation, replicas):
+    """`(train, validation)` for JAX's even sharding: each batch padded with all-padding rows to divide.
+
+    Over several processes the training batches are this process's rows already
+    (`_jax_processes_batches`), and each process keeps its rows of every validation batch.
+    """
+    from keras_transformer import jax_processes
+
+    if jax_processes.is_multi_process():
+        engine = distribute.select_strategy(run_config.strategy or None)
+        return train, None if validation is None else jax_processes.process_rows(validation, engine)
+    pad = distribute.pad_batches_for_replicas
+    return pad(train, replicas), None if validation is None else pad(validation, replicas)
+
+
+def _jax_failure_reported():
+    """Over several JAX processes, an error here stops the others at once, with one line naming it."""
+    if keras.backend.backend() != "jax":
+        return contextlib.nullcontext()
+    from keras_transformer import jax_processes
+
+    return jax_processes.failure_reported()
+
+
+def _jax_processes_done(chief, plan):
+    """Over several JAX processes: every one waits for the chief's final save, and the others delete their scratch.
+
+    JAX's shutdown at exit waits for every process only `jax_processes.heartbeat_seconds()`.
+    """
+    if keras.backend.backend() != "jax":
+        return
+    from keras_transformer import jax_processes
+
+    if not jax_processes.is_multi_process():
+        return
+    jax_processes.wait_for_all("keras_transformer: the run is saved")
+    if not chief:
+        shutil.rmtree(plan.staging, ignore_errors=True)
 
 
 def _multi_worker_strategy(run_config):
