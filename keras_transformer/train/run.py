@@ -158,6 +158,7 @@ def run_training(run_config, *, print_fn=print):
         fitted = _build_and_fit(run_config, plan, config, tokenizer, splits, datasets, print_fn)
         model_dir = _save_run(fitted.model, plan, tokenizer, print_fn)
         _jax_processes_done(chief, plan)
+        _torch_processes_done(chief, plan)
     return _training_result(run_config, model_dir, tokenizer, datasets, fitted, print_fn)
 
 
@@ -710,8 +711,33 @@ def _jax_processes_batches(run_config, binarized, make_batches, start):
 
     if not jax_processes.is_multi_process():
         return None
-    jax_processes.check_same_run({**run_config.trained_settings(), "corpus": corpus_fingerprint(binarized)})
+    jax_processes.check_same_run({**_shared_settings(run_config), "corpus": corpus_fingerprint(binarized)})
     return jax_processes.process_dataset(make_batches, distribute.select_strategy(run_config.strategy or None), start)
+
+
+def _torch_processes_done(chief, plan):
+    """Over several PyTorch processes, the others delete their scratch directory (their callbacks' files)."""
+    if keras.backend.backend() != "torch" or chief:
+        return
+    from keras_transformer import torch_processes
+
+    if torch_processes.is_multi_process():
+        shutil.rmtree(plan.staging, ignore_errors=True)
+
+
+# Settings each JAX process may hold its own value of: where the chief writes, what each prints.
+_PER_PROCESS_SETTINGS = frozenset({"name", "output_dir", "binarized_dir", "data_dir", "overwrite", "verbose", "keep_checkpoints"})
+
+
+def _shared_settings(run_config):
+    """The settings every process of a run must agree on: what is trained, and how.
+
+    More than `trained_settings`: the epochs, the compilation and the callbacks' decoding
+    (BLEU, samples) run collectives, and a process running one the others do not would
+    wait forever. The corpus is compared by content, not by `data_dir`.
+    """
+    values = {**run_config.to_dict(), **run_config.trained_settings()}  # the tables resolved, key by key
+    return {key: value for key, value in values.items() if key not in _PER_PROCESS_SETTINGS | {"model", "training"}}
 
 
 def _jax_batches(run_config, train, validation, replicas):
