@@ -20,7 +20,7 @@ from keras import ops
 
 import keras_transformer as kt
 from keras_transformer.inference import decoding
-from keras_transformer.inference.compiled import CompiledDecoder, sentence_cache_bytes
+from keras_transformer.inference.compiled import CompiledDecoder
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 UNK, A, B = 1, 4, 5  # token ids of the 6-token table vocabulary: PAD UNK BOS EOS A B
@@ -421,31 +421,6 @@ def test_decoding_traces_in_a_tf_function_with_dynamic_batch_and_length(decoded)
     np.testing.assert_array_equal(tokens.numpy(), to_numpy(expected[0]))
     np.testing.assert_allclose(scores.numpy(), to_numpy(expected[1]), atol=1e-5)
     assert [shape.as_list() for shape in traces] == [[None, None]]  # one trace served both
-
-
-def test_a_batch_over_the_cache_budget_decodes_in_chunks_as_it_decodes_whole(decoded):
-    model = decoded[0]
-    extra_row = np.array([[14, 15, 0, 0, 0, 0]], "int32")
-    sources = np.concatenate([SOURCES, SOURCES[::-1], extra_row])  # 5 rows: the last chunk is padded
-    prefixes = np.array([[20, 21], [0, 0], [22, 0], [0, 0], [23, 0]], "int32")
-    hypotheses = {"beam": BEAMS["beam_size"], "greedy": 1}
-    # A compiled graph only where it is cheap: XLA's compilations would cost the test seconds each.
-    cheap = {"jit_compile": False} if keras.backend.backend() != "jax" else {}
-    for method, settings in (("beam", BEAMS), ("greedy", GREEDY)):
-        per_sentence = sentence_cache_bytes(model, sources.shape[1], hypotheses=hypotheses[method], max_extra=EXTRA)
-        budget = per_sentence * 2 + per_sentence // 2  # two sentences fit, three do not
-        chunked = CompiledDecoder(model, method, max_cache_bytes=budget, **cheap, **settings)
-        whole = CompiledDecoder(model, method, max_cache_bytes=None, **cheap, **settings)
-        assert chunked.sentences_per_call(sources.shape[1]) == 2  # 3 calls, the last padded
-        assert whole.sentences_per_call(sources.shape[1]) is None
-        for inputs in ({}, {"prefix_ids": prefixes}):
-            expected = [to_numpy(x) for x in whole(sources, **inputs)]
-            got = [to_numpy(x) for x in chunked(sources, **inputs)]
-            np.testing.assert_array_equal(got[0], expected[0])
-            np.testing.assert_allclose(got[1], expected[1], atol=1e-5)
-            assert got[0].shape[0] == 5
-    with pytest.raises(ValueError, match=r"`max_cache_bytes` must be a positive integer.*Received: max_cache_bytes=0"):
-        CompiledDecoder(model, "beam", max_cache_bytes=0)
 
 
 # ------------------------------------------------------------------ forced prefixes

@@ -27,25 +27,15 @@ the old computation. So each call compares the model's variables (the objects, b
 identity) with those of the last build and, when they differ, builds afresh and
 retraces. The comparison is one pass over `model.variables` per call, small beside
 a decode.
-
-A batch whose key/value caches would outgrow `max_cache_bytes` is decoded in chunks of
-sentences (`sentences_per_call`), each one call of the same compiled program: every
-decoding step reads and rewrites the whole cache several times (the write at the step's
-position, the beam reorder, the attention), so a cache that stays in the processor's
-last-level cache decodes several times faster per row than one that spills to memory
-(docs/fast_inference.md measures it). A sentence decodes the same in any chunk: the
-searches never mix rows.
 """
 
 import threading
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_transformer import checks
 from keras_transformer.inference import decoding, sampling
-from keras_transformer.special_tokens import EOS_ID
 
 _METHODS = {
     "beam": decoding.beam_decode,
@@ -53,13 +43,6 @@ _METHODS = {
     "greedy_uncached": decoding.greedy_decode_uncached,
     "sample": sampling.sample_decode,
 }
-# The methods that `max_cache_bytes` splits into chunks: sampling draws each row's random
-# numbers by its position in the batch, so a chunk would draw other numbers.
-_CHUNKED_METHODS = ("beam", "greedy")
-# Key/value cache bytes of one call: the default keeps a call's caches within a 32 MiB
-# last-level cache, where beam 4 of the `small` preset ran 2-4x faster per row than at
-# twice the rows (docs/fast_inference.md).
-DEFAULT_MAX_CACHE_BYTES = 32 * 2**20
 
 
 class CompiledDecoder:
@@ -80,10 +63,6 @@ class CompiledDecoder:
             plain `tf.function` graph. On PyTorch, True (default) runs the decoder step
             as a captured graph, compiled by inductor for a shape that recurs, False
             eagerly. Ignored on JAX.
-        max_cache_bytes: int or None. "beam" and "greedy" decode a batch whose
-            key/value caches would hold more bytes than this in chunks of sentences
-            (`sentences_per_call`), one call of the compiled program each; None decodes
-            every batch whole. Defaults to `DEFAULT_MAX_CACHE_BYTES`.
         **decode_kwargs: passed to the decoding function (`beam_size`, `alpha`,
             `max_length`, `max_extra`, `return_all_beams`; `temperature`, `top_k`,
             `top_p` for "sample").
@@ -91,8 +70,6 @@ class CompiledDecoder:
     Attributes:
         trace_count: int, how many times the function was traced (0 on PyTorch),
             retraces after a change of the model's variables included.
-        captured_steps: on PyTorch with `jit_compile`, the `CapturedDecodeSteps` the
-            search runs (its captures, compiles and fallback); otherwise None.
 
     Example:
 
@@ -102,14 +79,11 @@ class CompiledDecoder:
     ```
     """
 
-    def __init__(self, model, method="beam", jit_compile=True, max_cache_bytes=DEFAULT_MAX_CACHE_BYTES, **decode_kwargs):
+    def __init__(self, model, method="beam", jit_compile=True, **decode_kwargs):
         checks.check_choice("method", method, tuple(_METHODS))
-        if max_cache_bytes is not None:
-            checks.check_positive_int("max_cache_bytes", max_cache_bytes)
         self.model = model
         self.method = method
         self.jit_compile = jit_compile
-        self.max_cache_bytes = max_cache_bytes
         self.decode_kwargs = dict(decode_kwargs)
         self.trace_count = 0
         self.backend = keras.backend.backend()
@@ -210,87 +184,11 @@ class CompiledDecoder:
         if seed is not None:
             inputs["seed"] = sampling.seed_tensor(seed)
         function = self._current_function()
-        encoder_inputs = _int32(encoder_inputs)
-        batch, source_length = ops.shape(encoder_inputs)
-        chunk = self.sentences_per_call(source_length)
-        if chunk is None or batch <= chunk:
-            return function(encoder_inputs, inputs)
-        return self._decode_in_chunks(function, encoder_inputs, inputs, chunk)
-
-    def sentences_per_call(self, source_length):
-        """Sentences one call decodes for sources padded to `source_length`, or None: all.
-
-        The largest power of two whose key/value caches (self-attention over the output
-        width, cross-attention over the source, each hypothesis, every decoder layer of
-        every model) fit `max_cache_bytes`, and at least 1. None for the methods that
-        decode a batch whole ("sample", "greedy_uncached") or without a budget.
-        """
-        if self.max_cache_bytes is None or self.method not in _CHUNKED_METHODS:
-            return None
-        per_sentence = sentence_cache_bytes(
-            self.model,
-            source_length,
-            hypotheses=self.decode_kwargs.get("beam_size", decoding.BEAM_SIZE) if self.method == "beam" else 1,
-            max_length=self.decode_kwargs.get("max_length"),
-            max_extra=self.decode_kwargs.get("max_extra", decoding.MAX_DECODE_EXTRA),
-        )
-        sentences = max(1, self.max_cache_bytes // per_sentence)
-        return 1 << (sentences.bit_length() - 1)  # a power of two: batches of 2^n split evenly
-
-    def _decode_in_chunks(self, function, encoder_inputs, inputs, chunk):
-        """Decodes `chunk` sentences per call (the last padded with lone-EOS rows); results joined."""
-        sources = ops.convert_to_numpy(encoder_inputs)
-        prefixes = inputs.get("prefix_ids")
-        prefixes = None if prefixes is None else ops.convert_to_numpy(prefixes)
-        batch = len(sources)
-        tokens, scores = [], []
-        for start in range(0, batch, chunk):
-            rows = _padded_rows(sources[start : start + chunk], chunk, EOS_ID)
-            chunk_inputs = dict(inputs)
-            if prefixes is not None:
-                chunk_inputs["prefix_ids"] = ops.convert_to_tensor(_padded_rows(prefixes[start : start + chunk], chunk, 0))
-            chunk_tokens, chunk_scores = function(ops.convert_to_tensor(rows), chunk_inputs)
-            kept = min(chunk, batch - start)
-            tokens.append(ops.convert_to_numpy(chunk_tokens)[:kept])
-            scores.append(ops.convert_to_numpy(chunk_scores)[:kept])
-        return ops.convert_to_tensor(np.concatenate(tokens)), ops.convert_to_tensor(np.concatenate(scores))
-
-
-def sentence_cache_bytes(model, source_length, hypotheses=1, max_length=None, max_extra=decoding.MAX_DECODE_EXTRA):
-    """Bytes of key/value cache one sentence decodes with (`decoding.decode_lengths`' width).
-
-    Each hypothesis holds, in every decoder layer of every model (an `Ensemble`'s
-    members), keys and values over the output width and over the source.
-
-    Example:
-    >>> from keras_transformer.model.config import TransformerConfig
-    >>> from keras_transformer.model.transformer import Transformer
-    >>> model = Transformer(TransformerConfig.from_preset("tiny", vocab_size=100))
-    >>> sentence_cache_bytes(model, 8, hypotheses=4, max_length=8)  # 4 x 2 layers x 2 x 16 x 64 x 4 bytes
-    65536
-    """
-    total = 0
-    for member in getattr(model, "models", [model]):
-        config = member.config
-        cap = config.max_length - 1
-        width = max_length if max_length is not None else max(1, min(source_length + max_extra, cap))
-        itemsize = np.dtype(keras.backend.standardize_dtype(member.compute_dtype)).itemsize
-        total += config.num_decoder_layers * 2 * (width + source_length) * config.d_model * itemsize
-    return hypotheses * total
-
-
-def _padded_rows(rows, count, fill):
-    """`rows` with rows appended up to `count`: column 0 holds `fill`, the rest 0 (PAD)."""
-    if len(rows) == count:
-        return rows
-    padded = np.zeros((count,) + rows.shape[1:], rows.dtype)
-    padded[: len(rows)] = rows
-    padded[len(rows) :, 0] = fill
-    return padded
+        return function(_int32(encoder_inputs), inputs)
 
 
 def _int32(x):
     return ops.cast(ops.convert_to_tensor(x), "int32")
 
 
-__all__ = ["CompiledDecoder", "DEFAULT_MAX_CACHE_BYTES", "sentence_cache_bytes"]
+__all__ = ["CompiledDecoder"]
