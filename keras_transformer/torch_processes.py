@@ -29,12 +29,12 @@ every process applies the same update and the weights stay the same everywhere. 
 - `is_chief()`: rank 0 writes the model directory, logs and checkpoints.
 
 Faults. A process that dies makes the others' next collective fail at once (gloo reports
-the closed connection; measured: the survivor raised within 0.03 s of the kill), and
-torchrun, whose agent checks its workers every 0.1 s, stops the rest of the group with
-SIGTERM and reports the process that failed first. A process that hangs (alive but not
-answering) is noticed by the collective timeout. Either way a waiting process raises
-`ProcessGroupFailed`, one line naming this process and the cause, which `kt-train`
-prints as its error (exit status 2), and the run resumes when started again.
+the closed connection at once), and torchrun, whose agent checks its workers every 0.1 s,
+stops the rest of the group with SIGTERM and reports the process that failed first. A
+process that hangs (alive but not answering) is noticed by the collective timeout.
+Whichever comes first, a process that cannot go on raises `ProcessGroupFailed` (SIGTERM
+included), one line naming this process and the cause, which `kt-train` prints as its
+error (exit status 2); the run resumes when started again.
 """
 
 import atexit
@@ -43,6 +43,8 @@ import datetime
 import hashlib
 import json
 import os
+import signal
+import threading
 
 import keras
 import numpy as np
@@ -140,6 +142,7 @@ def initialize():
         dist.init_process_group("gloo", timeout=timeout)
         _state["control"] = dist.group.WORLD
     atexit.register(_destroy)
+    _stop_on_sigterm()
     return dist.get_world_size()
 
 
@@ -385,6 +388,26 @@ def _initial_epoch(model):
 
 def _set_initial_epoch(model, epoch):
     model._initial_epoch = epoch or None
+
+
+def _stop_on_sigterm():
+    """SIGTERM raises `ProcessGroupFailed`: torchrun's way of ending the others when one process fails.
+
+    Without it the process would vanish without a word (Python's default for SIGTERM);
+    with it, the run unwinds as after any error (its lock, its staging directory) and says
+    why in one line. A handler the program set itself is kept; a thread other than the
+    main one cannot set one.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+
+    def stop(signum, frame):
+        raise ProcessGroupFailed(
+            f"process {rank()} of {world_size()} stopped: torchrun ended the run (SIGTERM), as it does when "
+            "another process of the run failed. Start the same command again to resume."
+        )
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _check_keras_device(expected):

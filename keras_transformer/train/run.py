@@ -692,9 +692,7 @@ def _torch_processes_batches(run_config, binarized, make_batches, start):
 
     if not torch_processes.is_multi_process():
         return None
-    torch_processes.check_same_run(
-        {**run_config.trained_settings(), "corpus": torch_processes.corpus_fingerprint(binarized)}
-    )
+    torch_processes.check_same_run({**_shared_settings(run_config), "corpus": torch_processes.corpus_fingerprint(binarized)})
     return torch_processes.process_dataset(make_batches, start)
 
 
