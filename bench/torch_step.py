@@ -71,7 +71,7 @@ def _ours(config, variant, source, decoder, labels):
     jit_compile = {"ours_keras_eager": False, "ours_default": "auto", "ours_compiled": True}.get(variant, False)
     compile_transformer(model, jit_compile=jit_compile)
     if variant == "ours_captured":
-        model._captured_train_step = CapturedTrainStep(model, compiler=None)
+        model.captured_train_step = CapturedTrainStep(model, compiler=None)
     x = {"encoder_inputs": keras.ops.convert_to_tensor(source), "decoder_inputs": keras.ops.convert_to_tensor(decoder)}
     y = keras.ops.convert_to_tensor(labels)
 

@@ -6,17 +6,41 @@ code per layer. `torch.export` in its non-strict mode instead *runs* the Python 
 fake tensors and records only the aten ops, so Keras' Python costs nothing afterwards.
 The captured function must take every changing value as an input (weights through
 `keras.StatelessScope`): a tensor it merely reads while tracing becomes a constant.
-Used by `train.torch_step` (training) and `inference.torch_decode_step` (decoding).
+Used by `train.torch_step` (training), `train.torch_optimizer_update` and
+`inference.torch_decode_step` (decoding), each keeping its graphs in a
+`graph_cache.GraphCache`.
 """
+
+import os
 
 import torch
 
-from keras_transformer import checks
+from keras_transformer import checks, internals
+
+# The `torch.compile` backend of the compiled paths (`jit_compile=True`'s training step,
+# a recurring decoding shape): inductor unless this environment variable names another
+# ("aot_eager" runs dynamo and AOTAutograd without inductor's C++ build: the test suite
+# sets it, and a machine without a C++ compiler may).
+COMPILER_VARIABLE = "KERAS_TRANSFORMER_TORCH_COMPILER"
+DEFAULT_COMPILER = "inductor"
+
+
+def default_compiler():
+    """The `torch.compile` backend for compiled graphs: `$KERAS_TRANSFORMER_TORCH_COMPILER`, or inductor."""
+    compiler = os.environ.get(COMPILER_VARIABLE, DEFAULT_COMPILER)
+    backends = torch.compiler.list_backends(exclude_tags=())
+    if compiler not in backends:
+        raise ValueError(
+            f"{COMPILER_VARIABLE} must name a torch.compile backend, one of {sorted(backends)}. "
+            f"Received: {COMPILER_VARIABLE}={compiler!r}"
+        )
+    return compiler
+
 
 # Graph nodes that are no-ops at run time: Keras' `convert_to_tensor` records a dtype
-# assertion and a same-dtype `.to` for each tensor it touches (the tiny model's graph has
-# 1,706 nodes before this pass, 549 after).
-_ASSERT_OPS = (torch.ops.aten._assert_tensor_metadata.default,)
+# assertion and a same-dtype `.to` for each tensor it touches (most of a captured
+# graph's nodes before this pass).
+_ASSERT_OPS = (internals.assert_tensor_metadata_op(),)
 _TO_OPS = (torch.ops.aten.to.dtype_layout, torch.ops.aten.to.dtype, torch.ops.aten.to.device)
 
 
@@ -47,15 +71,19 @@ def strip_noop_nodes(graph_module):
     return graph_module
 
 
-def variable_tensors(variables):
-    """The torch tensors that hold `variables`' values, for a captured graph's inputs.
+class DataDependentError(RuntimeError):
+    """The traced Python read a tensor's value (`.item()`, `int()`, `if tensor:`): a graph cannot.
 
-    Between layer calls (no `StatelessScope`, no autocast scope) a Keras variable's
-    `value` is its `_value` tensor, but the property checks both scopes first: about 1 us
-    a variable, and a step of the tiny model reads 270 of them. Read directly, they cost
-    0.03 ms together. A variable not yet initialized goes through `value`.
+    Raised from PyTorch's `GuardOnDataDependentSymNode`, whose message `torch.export`
+    replaces by a pointer to `draft_export`; this one keeps what the tracer said.
     """
-    return [variable.value if variable._value is None else variable._value for variable in variables]
+
+    def __init__(self, error):
+        said = str(getattr(error, "cond", "") or "")  # the condition, or Keras' re-raised message
+        super().__init__(
+            "the traced code reads a tensor's value on the host (`.item()`, `float()`, an `if` "
+            f"on a tensor), which a graph cannot hold\n{said}".strip()
+        )
 
 
 def capture(module, arguments):
@@ -63,14 +91,17 @@ def capture(module, arguments):
 
     Host reads of values (the id checks) are off while tracing: fake tensors have none.
     The result has no input checks: its callers key each graph by its inputs' shapes and
-    dtypes themselves, and `ExportedProgram.module()`'s checks (a pytree walk of every
-    input at every call) cost about 0.3 ms a step on the tiny model.
+    dtypes themselves (`graph_cache.input_key`), and `ExportedProgram.module()`'s checks
+    walk every input's pytree at every call, a cost as large as a small step's arithmetic.
     """
     with checks.no_host_reads():
-        program = torch.export.export(module, tuple(arguments), strict=False)
+        try:
+            program = torch.export.export(module, tuple(arguments), strict=False)
+        except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as error:
+            raise DataDependentError(error) from error
     try:
         checked = program.module(check_guards=False)
-    except TypeError:  # a PyTorch before `check_guards` (the extra pins 2.13; a GPU image may differ)
+    except TypeError:  # a PyTorch before `check_guards`: the same graph, its checks kept
         checked = program.module()
     # A plain GraphModule of the same graph and constants, without the checking hooks.
     return strip_noop_nodes(torch.fx.GraphModule(checked, checked.graph))
@@ -81,8 +112,8 @@ def compile_graph(function, compiler):
 
     Our callers hold one compiled function per key they check themselves (the inputs'
     shapes, dtypes and devices for a step's graph; the variables for the optimizer's
-    update), so dynamo's guards, which check the same things again at every call (about
-    0.2 ms a call on the tiny model), are dropped. Without guards, a compiled entry must
+    update), so dynamo's guards, which check the same things again at every call, are
+    dropped. Without guards, a compiled entry must
     never serve another function object of the same code (the optimizer update's closure
     is one code object for every model): `isolate_recompiles` keeps each call's entries
     its own. `fullgraph`: a captured aten graph has nothing to break on, and a break would

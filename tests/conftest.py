@@ -12,6 +12,11 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Runs on file corpora binarize them into the user cache (run.py): keep the suite's out of ~/.cache.
 os.environ.setdefault("KERAS_TRANSFORMER_CACHE", os.path.join(tempfile.gettempdir(), f"keras_transformer_tests_{os.getpid()}"))
+# PyTorch's compiled paths (jit_compile=True's step, a recurring decoding shape) compile with
+# aot_eager: dynamo and AOTAutograd as inductor runs them, without inductor's C++ build
+# (minutes of a session on a small CPU). One test compiles with inductor itself
+# (tests/test_torch_step.py); child processes inherit the variable.
+os.environ.setdefault("KERAS_TRANSFORMER_TORCH_COMPILER", "aot_eager")
 
 # The tests' models are tiny, so XLA's compile time is nearly all of their time under JAX
 # (and under TensorFlow's jit_compile): LLVM's cheapest code generation cuts the JAX session

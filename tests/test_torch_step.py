@@ -30,7 +30,7 @@ def _train(batches, compiler, dropout=0.0):
     config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=dropout)
     model = compile_transformer(kt.Transformer(config), jit_compile=False)
     step = None if compiler == "keras" else CapturedTrainStep(model, compiler=compiler)
-    model._captured_train_step = step
+    model.captured_train_step = step
     logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
     return logs, [keras.ops.convert_to_numpy(v) for v in model.trainable_variables], step
 
@@ -82,7 +82,7 @@ def test_dropout_differs_between_steps_in_the_captured_graph():
     rng = np.random.default_rng(2)
     x, y = _batch(rng, 2, 5)
     _, _, step = _train([(x, y)], None, dropout=0.5)
-    graph = next(iter(step._graphs.values()))
+    graph = next(iter(step.graphs.graphs().values()))
     model = step.model
     x_t, y_t = keras.tree.map_structure(keras.ops.convert_to_tensor, (x, y))
 
@@ -105,11 +105,11 @@ def test_fit_with_jit_compile_true_trains_as_keras_eager_fit():
     histories = {}
     for jit_compile in (False, True):
         keras.utils.set_random_seed(1)
+        # compiled by $KERAS_TRANSFORMER_TORCH_COMPILER: aot_eager in the tests (conftest.py)
         model = compile_transformer(kt.Transformer(config), jit_compile=jit_compile)
-        if jit_compile:
-            model._captured_train_step.compiler = "aot_eager"  # see above: inductor's build is minutes here
         histories[jit_compile] = model.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False).history
-    assert model._captured_train_step.captures == 1  # one shape: batches of 4
+    step = model.captured_train_step
+    assert (step.captures, step.graphs.compiles, step.optimizer_update.captures) == (1, 1, 1)  # one shape: batches of 4
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
     for name, values in histories[False].items():
         assert histories[True][name] == pytest.approx(values, rel=1e-6), name
@@ -125,7 +125,7 @@ def test_capture_after_runs_keras_eager_step_until_a_shape_recurs():
     keras.utils.set_random_seed(1)
     config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
     model = compile_transformer(kt.Transformer(config), jit_compile=False)
-    model._captured_train_step = step = CapturedTrainStep(model, capture_after=3)
+    model.captured_train_step = step = CapturedTrainStep(model, capture_after=3)
     captures = []
     for x, y in batches:
         logs = model.train_on_batch(x, y, return_dict=True)
@@ -145,7 +145,7 @@ def test_new_variables_drop_the_captured_graphs():
     assert step.captures == 1
     model.enable_lora(2)
     compile_transformer(model, jit_compile=False)  # Keras needs a new optimizer for new weights
-    model._captured_train_step = step  # the same step object, which captured the old weights
+    model.captured_train_step = step  # the same step object, which captured the old weights
     lora = [v for v in model.trainable_variables if "lora" in v.path]
     before = [keras.ops.convert_to_numpy(v).copy() for v in lora]
     model.train_on_batch(x, y)
@@ -153,13 +153,18 @@ def test_new_variables_drop_the_captured_graphs():
     assert any(not np.array_equal(keras.ops.convert_to_numpy(v), b) for v, b in zip(lora, before))
 
 
-def test_default_jit_compile_captures_only_recurring_shapes():
+def test_default_jit_compile_captures_only_recurring_shapes_and_falls_back():
     from keras_transformer.train.torch_step import AUTO_CAPTURE_AFTER
 
     model = compile_transformer(kt.Transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB)))
-    step = model._captured_train_step
-    assert (step.compiler, step.capture_after) == (None, AUTO_CAPTURE_AFTER)
-    assert compile_transformer(model, jit_compile=False)._captured_train_step is None
+    step = model.captured_train_step
+    assert (step.graphs.compile, step.capture_after, step.graphs.strict) == (None, AUTO_CAPTURE_AFTER, False)
+    assert step.optimizer_update is None
+    # jit_compile=True: every shape captured and compiled at once, and a failure is an error.
+    step = compile_transformer(model, jit_compile=True).captured_train_step
+    assert (step.capture_after, step.graphs.strict, step.optimizer_update.graphs.strict) == (1, True, True)
+    assert step.graphs.compile is not None
+    assert compile_transformer(model, jit_compile=False).captured_train_step is None
 
 
 def _train_with_optimizer(batches, compiled_update, **training):
@@ -174,7 +179,7 @@ def _train_with_optimizer(batches, compiled_update, **training):
     keras.utils.set_random_seed(1)
     config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
     model = compile_transformer(kt.Transformer(config), kt.TrainingConfig(**training), jit_compile=False)
-    step = model._captured_train_step = CapturedTrainStep(model)
+    step = model.captured_train_step = CapturedTrainStep(model)
     if compiled_update:
         step.optimizer_update = CompiledOptimizerUpdate(model, compiler="aot_eager")
     logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
@@ -232,7 +237,7 @@ def test_mixed_bfloat16_captured_step_with_compiled_update_trains_as_keras_eager
         )
         model = compile_transformer(kt.Transformer(config), jit_compile=False)
         if captured:
-            step = model._captured_train_step = CapturedTrainStep(model)
+            step = model.captured_train_step = CapturedTrainStep(model)
             step.optimizer_update = CompiledOptimizerUpdate(model, compiler="aot_eager")
         logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
         results[captured] = logs, [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
@@ -259,7 +264,7 @@ def test_forced_train_function_recaptures_the_schedule_a_callback_changed():
         config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(dropout=0.0)
         training = kt.TrainingConfig(warmup_steps=2, decay="linear", total_steps=1000)
         model = compile_transformer(kt.Transformer(config), training, jit_compile=False)
-        step = model._captured_train_step = CapturedTrainStep(model)
+        step = model.captured_train_step = CapturedTrainStep(model)
         if compiled:
             step.optimizer_update = CompiledOptimizerUpdate(model, compiler="aot_eager")
         for index, (x, y) in enumerate(batches):
@@ -287,3 +292,4 @@ def test_compile_graph_keeps_dynamo_guards_where_pytorch_cannot_isolate_them(mon
     compiled = torch_capture.compile_graph(double, "aot_eager")
     np.testing.assert_array_equal(compiled(torch.ones(2)).numpy(), [2.0, 2.0])
     np.testing.assert_array_equal(compiled(torch.arange(3.0)).numpy(), [0.0, 2.0, 4.0])
+

@@ -427,5 +427,5 @@ def test_jit_compile_true_is_accepted_on_every_backend():
     model = kt.build_transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=50))
     kt.compile_transformer(model, jit_compile=True)
     assert model.compiled
-    captured = getattr(model, "_captured_train_step", None)
+    captured = model.captured_train_step
     assert (captured is not None) == (keras.backend.backend() == "torch")

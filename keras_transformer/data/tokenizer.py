@@ -22,7 +22,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
     gen_sentencepiece_tokenizer,
 )
 
-from keras_transformer import checks
+from keras_transformer import checks, internals
 from keras_transformer.atomic import write_bytes_atomically
 from keras_transformer.data.settings import TOKENIZER_MODEL_TYPES
 from keras_transformer.file_names import TOKENIZER_FILE
@@ -184,7 +184,7 @@ class SubwordTokenizer(tf.Module):
         if alpha == 0:
             return self.tokenize(text)
         # The resource's name already holds the model's digest: no re-hashing per call.
-        key = (self._tf_tokenizer._model_resource._shared_name, float(alpha))
+        key = (self._tf_tokenizer.resource_name, float(alpha))
         if key not in _SAMPLING_TOKENIZERS:
             # Kept outside the module, so that an exported SavedModel never tracks it,
             # and made eagerly (init_scope), though first asked for inside a tf.data map.
@@ -345,12 +345,12 @@ class _SharedModelResource(tf.saved_model.experimental.TrackableResource):
         super().__init__()
         self._model_proto = model_proto
         digest = hashlib.sha256(model_proto).hexdigest()[:24]
-        self._shared_name = f"keras_transformer_sentencepiece_{digest}"
+        self.shared_name = f"keras_transformer_sentencepiece_{digest}"
         _ = self.resource_handle  # Creates the resource now, in the current context.
 
     def _create_resource(self):
         return gen_sentencepiece_tokenizer.sentencepiece_op(
-            model=self._model_proto, shared_name=self._shared_name
+            model=self._model_proto, shared_name=self.shared_name
         )
 
 
@@ -366,8 +366,9 @@ class _SharedSentencepieceTokenizer(tensorflow_text.SentencepieceTokenizer):
             model=model_proto, out_type=out_type, add_bos=False, add_eos=False,
             nbest_size=nbest_size, alpha=alpha,
         )
-        # tf-text's ops read the model through this attribute (tf-text 2.21).
-        self._model_resource = _SharedModelResource(model_proto)
+        resource = _SharedModelResource(model_proto)
+        internals.replace_sentencepiece_resource(self, resource)
+        self.resource_name = resource.shared_name
 
 
 def train_tokenizer(

@@ -12,7 +12,8 @@
   Python loop on this backend), and the model's `decode_step`, where the time goes, runs
   as a graph captured once per shape (`inference.torch_decode_step`) instead of through
   the Keras layers' Python, compiled by inductor once the shape has recurred for
-  `COMPILE_AFTER` steps; `jit_compile=False` keeps it eager.
+  `COMPILE_AFTER` steps; `jit_compile=False` keeps it eager, and so does a step that
+  cannot be captured (after one warning).
 
 A `CompiledDecoder` traces once per distinct `[B, S]` input shape (plus dtype), so
 batches bucketed to the same shape reuse one compiled program; `trace_count` counts
@@ -70,6 +71,8 @@ class CompiledDecoder:
     Attributes:
         trace_count: int, how many times the function was traced (0 on PyTorch),
             retraces after a change of the model's variables included.
+        captured_steps: on PyTorch with `jit_compile`, the `CapturedDecodeSteps` the
+            search runs (its captures, compiles and fallback); otherwise None.
 
     Example:
 
@@ -98,6 +101,7 @@ class CompiledDecoder:
                 f"Received: backend={self.backend!r}"
             )
         self._builder = builders[self.backend]
+        self.captured_steps = None  # PyTorch's CapturedDecodeSteps, made by the first build
         self._build_lock = threading.Lock()
         self._build(list(self.model.variables))
 
@@ -155,9 +159,14 @@ class CompiledDecoder:
 
         model = self.model
         if self.jit_compile:
-            from keras_transformer.inference.torch_decode_step import CapturedDecodeSteps
+            if self.captured_steps is None:
+                from keras_transformer.inference.torch_decode_step import CapturedDecodeSteps
+                from keras_transformer.torch_capture import default_compiler
 
-            model = self.captured_steps = CapturedDecodeSteps(self.model, variables, compiler="inductor")
+                self.captured_steps = CapturedDecodeSteps(self.model, variables, compiler=default_compiler())
+            else:  # new variables (enable_lora, quantize): the steps' graphs are captured again
+                self.captured_steps.watch(variables)
+            model = self.captured_steps
 
         def run(encoder_inputs, inputs):
             with torch.no_grad():

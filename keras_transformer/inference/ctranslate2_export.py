@@ -37,7 +37,7 @@ import os
 import keras
 import numpy as np
 
-from keras_transformer import checks
+from keras_transformer import checks, internals
 from keras_transformer.atomic import write_directory_atomically
 from keras_transformer.layers.embedding import sinusoidal_table
 from keras_transformer.model.config import TransformerConfig
@@ -279,7 +279,7 @@ def _dense_kernel(dense):
             f"with {mode!r}. Export the float model, with quantization='int8' if wanted."
         )
     # Keras' int8 Dense computes `(x @ q) / scale`, one scale per output unit.
-    kernel = keras.ops.convert_to_numpy(dense._kernel).astype(np.float32) / _numpy(dense.kernel_scale)
+    kernel = keras.ops.convert_to_numpy(internals.stored_kernel(dense)).astype(np.float32) / _numpy(dense.kernel_scale)
     if dense.lora_enabled:
         kernel = kernel + (dense.lora_alpha / dense.lora_rank) * (
             _numpy(dense.lora_kernel_a) @ _numpy(dense.lora_kernel_b)

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer import checks
+from keras_transformer import checks, internals
 from keras_transformer.input_names import MODEL_INPUTS
 from keras_transformer.model.config import TransformerConfig
 from keras_transformer.model.stacks import build_stacks
@@ -119,16 +119,19 @@ class Transformer(keras.Model):
             ignore_id = getattr(getattr(self, "loss", None), "ignore_id", PAD_ID)
             checks.check_ids_in_range("y", np.asarray(ops.convert_to_numpy(y)), self.config.vocab_size, ignore_id=ignore_id)
 
+    # PyTorch: the `train.torch_step.CapturedTrainStep` that `compile_transformer` attaches
+    # (None: Keras' own step). A callable `batch -> logs, or None for Keras' step`, with `reset()`.
+    captured_train_step = None
+
     def train_step(self, *args):
         """Keras' training step (`(data)`, or `(state, data)` on JAX), with no host reads.
 
-        On PyTorch a step captured by `compile_transformer` (`train.torch_step`) runs when
-        one is attached and can take the batch.
+        On PyTorch the `captured_train_step` attached by `compile_transformer`
+        (`train.torch_step`) runs when there is one and it takes the batch.
         """
         with checks.no_host_reads():
-            captured = getattr(self, "_captured_train_step", None)
-            if captured is not None:
-                logs = captured(args[-1])
+            if self.captured_train_step is not None:
+                logs = self.captured_train_step(args[-1])
                 if logs is not None:
                     return logs
             return super().train_step(*args)
@@ -140,9 +143,8 @@ class Transformer(keras.Model):
         in have changed (`StepBudgetEstimator` setting the schedule's `total_steps`): the
         captured step and optimizer update bake them in too, so they are captured again.
         """
-        captured = getattr(self, "_captured_train_step", None)
-        if force and captured is not None:
-            captured.reset()
+        if force and self.captured_train_step is not None:
+            self.captured_train_step.reset()
         return super().make_train_function(force=force)
 
     def test_step(self, *args):
@@ -177,7 +179,7 @@ class Transformer(keras.Model):
             keras.backend.backend() != "tensorflow"
             or optimizer is None
             or optimizer.built
-            or getattr(self, "_distribute_strategy", None) is not None
+            or internals.construction_strategy(self) is not None
         ):
             return
         optimizer.build(self.trainable_variables)
@@ -371,10 +373,10 @@ def _resolve_policy_map(model):
     (None), so a loaded model could not be saved again; a plain policy per layer, as
     `quantize` leaves it, avoids that.
     """
-    for layer in model._flatten_layers(include_self=False):
-        policy = layer._dtype_policy
+    for layer in internals.all_layers(model):
+        policy = layer.dtype_policy
         if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-            layer._dtype_policy = policy[layer.path] if layer.path else policy.default_policy
+            internals.replace_dtype_policy(layer, policy[layer.path] if layer.path else policy.default_policy)
 
 
 _GC_PATCH_LOCK = threading.Lock()

@@ -50,7 +50,7 @@ import weakref
 
 import keras
 
-from keras_transformer import checks
+from keras_transformer import checks, internals
 from keras_transformer.atomic import write_text_atomically
 from keras_transformer.train.accumulation import PerUpdateSchedule, applied_updates
 from keras_transformer.train.budget_schedule import BudgetSchedule
@@ -125,7 +125,7 @@ def budget_schedule_of(optimizer):
         ValueError: the learning rate is not a `BudgetSchedule`, naming what it is.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    schedule = getattr(inner, "_learning_rate", None)
+    schedule = internals.learning_rate_object(inner)
     accumulation = 1
     if isinstance(schedule, PerUpdateSchedule):
         schedule, accumulation = schedule.schedule, schedule.gradient_accumulation_steps

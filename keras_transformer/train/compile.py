@@ -247,23 +247,29 @@ def attach_torch_step(model, jit_compile):
 
     Keras' own `torch.compile` of its step breaks the graph inside Keras and recompiles
     the shared attention code past dynamo's limit; the captured step records the forward
-    pass and loss once per batch shape instead. `True` compiles each captured graph with
-    inductor at a shape's first batch; `"auto"` runs it uncompiled, and only for shapes
-    that recur (`AUTO_CAPTURE_AFTER` batches), so a short `fit` never pays for a capture.
-    Returns the `jit_compile` to hand to `model.compile` (False there on PyTorch: the
+    pass and loss once per batch shape instead. `True` compiles each captured graph
+    (inductor, `torch_capture.default_compiler`) at a shape's first batch, and a model
+    that cannot be captured or compiled stops with an error saying why; `"auto"` runs
+    the graph uncompiled, only for shapes that recur (`AUTO_CAPTURE_AFTER` batches), so
+    a short `fit` never pays for a capture, and a model that cannot be captured trains
+    through Keras' eager step after one warning. Sets `model.captured_train_step` and
+    returns the `jit_compile` to hand to `model.compile` (False there on PyTorch: the
     step is ours).
     """
-    model._captured_train_step = None
+    model.captured_train_step = None
     if keras.backend.backend() != "torch":
         return jit_compile
     if jit_compile is False:
         return False
-    from keras_transformer.train import torch_step  # imports torch
+    from keras_transformer import torch_capture  # imports torch
+    from keras_transformer.train import torch_step
 
     if jit_compile is True:
-        model._captured_train_step = torch_step.CapturedTrainStep(model, compiler="inductor")
+        model.captured_train_step = torch_step.CapturedTrainStep(
+            model, compiler=torch_capture.default_compiler(), strict=True
+        )
     else:
-        model._captured_train_step = torch_step.CapturedTrainStep(
+        model.captured_train_step = torch_step.CapturedTrainStep(
             model, capture_after=torch_step.AUTO_CAPTURE_AFTER
         )
     return False

@@ -9,9 +9,8 @@ its graph inside Keras, so the update is captured instead, like the forward pass
 optimizer's variables, the gradients and the weights, traced once, then compiled by
 inductor with its results copied back into the same tensors. The arithmetic is Keras'
 own (its epsilon placement, weight decay, `clipnorm`, the schedule), so a step gives the
-weights Keras' `apply` gives, to float rounding (`tests/test_torch_step.py`). On the
-tiny model (2-core AMD EPYC, `bench/torch_step.py --breakdown`): 0.49 ms an update against
-2.30 ms for Keras' `apply`.
+weights Keras' `apply` gives, to float rounding (`tests/test_torch_step.py`);
+`bench/torch_step.py --breakdown` times the two.
 
 Optimizers whose update branches on tensor values cannot be traced and keep Keras'
 `apply`: a `LossScaleOptimizer` (it skips steps with non-finite gradients), gradient
@@ -19,13 +18,12 @@ accumulation (it applies every N-th step), an EMA of the weights. So does a step
 which a weight has no gradient, and the first step (it builds the optimizer).
 """
 
-import warnings
-
 import keras
 import torch
 
-from keras_transformer import checks
-from keras_transformer.torch_capture import capture, compile_graph, variable_tensors
+from keras_transformer import internals
+from keras_transformer.graph_cache import GraphCache
+from keras_transformer.torch_capture import capture, compile_graph
 
 
 def untraceable_reason(optimizer):
@@ -59,69 +57,61 @@ class CompiledOptimizerUpdate:
     schedule object or of its or the model's variables (a new `compile`, `enable_lora`)
     captures the update again, and so does `reset()`: the graph bakes in the schedule's
     Python numbers (a `BudgetSchedule`'s `total_steps`), which `StepBudgetEstimator`
-    changes during `fit` before it forces a new train function.
+    changes during `fit` before it forces a new train function. An update that cannot be
+    captured or compiled warns once and runs through `apply` from then on, or with
+    `strict=True` raises `graph_cache.CaptureError`.
 
     Args:
         model: the `keras.Model` whose `optimizer` to run.
         compiler: the `torch.compile` backend. Defaults to "inductor".
+        strict: bool, see above. Defaults to False.
     """
 
-    def __init__(self, model, compiler="inductor"):
+    def __init__(self, model, compiler="inductor", strict=False):
         self.model = model
         self.compiler = compiler
-        self.captures = 0
-        self._update = None
-        self._captured_for = None
-        self._failed = False
+        # One graph (the update takes every weight whatever the batch shape), captured
+        # and compiled in one go: run uncompiled, it would be slower than Keras' `apply`.
+        self.graphs = GraphCache("The optimizer's update", strict=strict)
+
+    @property
+    def captures(self):
+        """int, how many times the update was captured (after each change or reset)."""
+        return self.graphs.captures
 
     def reset(self):
         """Drops the compiled update (its graph baked in the schedule's Python values)."""
-        self._update, self._captured_for, self._failed = None, None, False
+        self.graphs.reset()
 
     def _capture(self, optimizer, optimizer_values, gradients, trainable_values):
         with torch.no_grad():
             graph = capture(_StatelessApply(optimizer), (optimizer_values, gradients, trainable_values))
-        self.captures += 1
 
         def update(optimizer_values, gradients, trainable_values):
             new_trainable, new_optimizer = graph(optimizer_values, gradients, trainable_values)
-            torch._foreach_copy_(trainable_values, new_trainable)
-            torch._foreach_copy_(optimizer_values, new_optimizer)
+            internals.foreach_copy(trainable_values, new_trainable)
+            internals.foreach_copy(optimizer_values, new_optimizer)
 
         return compile_graph(update, self.compiler)
 
     def __call__(self, gradients, trainable_variables):
         optimizer = self.model.optimizer
-        if self._failed or not optimizer.built or untraceable_reason(optimizer) is not None:
+        if not optimizer.built or untraceable_reason(optimizer) is not None:
             return False
         if any(gradient is None for gradient in gradients):
             return False
-        # What the graph was captured for, compared by identity; held, so no id is reused.
-        captured_for = (
-            optimizer,
-            getattr(optimizer, "_learning_rate", None),  # a schedule is traced into the graph
-            *optimizer.variables,
-            *trainable_variables,
+        # What the graph was captured for, compared by identity: the schedule object too,
+        # whose Python values are traced into the graph.
+        self.graphs.watch(
+            (optimizer, internals.learning_rate_object(optimizer), *optimizer.variables, *trainable_variables)
         )
-        trainable_values = variable_tensors(trainable_variables)
-        optimizer_values = variable_tensors(optimizer.variables)
-        if self._captured_for is not None and checks.same_objects(captured_for, self._captured_for):
-            with torch.no_grad():
-                self._update(optimizer_values, gradients, trainable_values)
-            return True
-        self._update, self._captured_for = None, captured_for
-        try:  # the capture, and the compilation at the first call (before any tensor is written)
-            update = self._capture(optimizer, optimizer_values, gradients, trainable_values)
-            with torch.no_grad():
-                update(optimizer_values, gradients, trainable_values)
-        except Exception as error:  # a user's optimizer whose update Python control flow drives
-            self._failed = True
-            warnings.warn(
-                f"{type(optimizer).__name__}'s update could not be captured for torch.compile "
-                f"({type(error).__name__}: {error}); it runs through Keras' `apply` from now on.",
-                stacklevel=2,
-            )
-            return False
-        self._update = update
-        return True
+        trainable_values = internals.variable_tensors(trainable_variables)
+        optimizer_values = internals.variable_tensors(optimizer.variables)
+        arguments = (optimizer_values, gradients, trainable_values)
 
+        def run(update):
+            with torch.no_grad():  # the compilation happens at the first call, before any write
+                update(*arguments)
+            return True
+
+        return bool(self.graphs.run((), lambda: self._capture(optimizer, *arguments), run))
