@@ -46,6 +46,16 @@ def test_each_token_is_kept_whole_and_scaled_or_dropped_whole():
     np.testing.assert_array_equal(to_numpy(layer(x)), x)
 
 
+def test_the_same_seed_drops_the_same_tokens_on_every_backend_and_each_call_draws_anew():
+    """The drops come from `token_uniform` (keras.ops int32 arithmetic), not a backend's generator."""
+    layer = WordDropout(0.5, seed=3)
+    kept = [to_numpy(layer(np.ones((2, 6, 1), "float32"), training=True))[..., 0].tolist() for _ in range(2)]
+    assert kept == [
+        [[2, 0, 2, 0, 0, 0], [2, 2, 2, 0, 0, 0]],
+        [[0, 0, 2, 0, 2, 2], [0, 0, 2, 2, 0, 0]],  # the seed generator advanced
+    ]
+
+
 def test_bad_rates_and_shapes_name_what_was_received():
     with pytest.raises(ValueError, match=r"`rate` must be a number in \[0, 1\). Received: rate=1.0"):
         WordDropout(1.0)
