@@ -293,3 +293,27 @@ def test_compile_graph_keeps_dynamo_guards_where_pytorch_cannot_isolate_them(mon
     np.testing.assert_array_equal(compiled(torch.ones(2)).numpy(), [2.0, 2.0])
     np.testing.assert_array_equal(compiled(torch.arange(3.0)).numpy(), [0.0, 2.0, 4.0])
 
+
+def test_inductor_builds_the_step_jit_compile_true_runs():
+    """The suite's one inductor build (every other compiled test runs aot_eager, see conftest.py):
+    the smallest model, so that its kernels build in seconds, trains as Keras' eager step."""
+    from keras_transformer.train.torch_step import CapturedTrainStep
+
+    config = kt.TransformerConfig.from_preset("tiny", vocab_size=VOCAB).replace(
+        d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1, num_decoder_layers=1, dropout=0.0, max_length=8
+    )
+    rng = np.random.default_rng(10)
+    batches = [_batch(rng, 2, 3) for _ in range(2)]
+    results = {}
+    for compiler in (None, "inductor"):
+        keras.utils.set_random_seed(1)
+        model = compile_transformer(kt.Transformer(config), jit_compile=False)
+        if compiler is not None:
+            model.captured_train_step = step = CapturedTrainStep(model, compiler=compiler, strict=True)
+        logs = [model.train_on_batch(x, y, return_dict=True) for x, y in batches]
+        results[compiler] = logs, [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    assert (step.captures, step.graphs.compiles, step.optimizer_update.captures) == (1, 1, 1)
+    for actual, expected in zip(results["inductor"][0], results[None][0]):
+        assert actual == pytest.approx(expected, rel=1e-5)
+    for actual, expected in zip(results["inductor"][1], results[None][1]):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)  # Adam moves ~0 weights by ~lr
