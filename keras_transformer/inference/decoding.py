@@ -335,8 +335,11 @@ def _check_beam_arguments(beam_size, alpha):
     checks.check_non_negative_number("alpha", alpha)
 
 
-def _initial_beam_state(cache, batch_size, max_length, beam_size, bos_id):
-    """Beam 0 of each sentence alive at log-probability 0 after BOS; nothing finished."""
+def _initial_beam_state(cache, batch_size, max_length, beam_size, bos_id, tile=True):
+    """Beam 0 of each sentence alive at log-probability 0 after BOS; nothing finished.
+
+    `cache` is `[B, ...]`, tiled here to the beams, or `[B * K, ...]` already with `tile=False`.
+    """
     k = beam_size
     # Only beam 0 starts alive, so the first step does not pick K copies of one token.
     first_beam_only = ops.where(ops.equal(ops.arange(k), 0), 0.0, _NEG_INF)[None, :]
@@ -349,7 +352,7 @@ def _initial_beam_state(cache, batch_size, max_length, beam_size, bos_id):
         finished_scores=ops.full((batch_size, k), _NEG_INF, dtype="float32"),
         done=ops.zeros((batch_size,), "bool"),
         top_ended=ops.zeros((batch_size,), "bool"),
-        cache=tile_beams(cache, k),
+        cache=tile_beams(cache, k) if tile else cache,
     )
 
 
@@ -475,6 +478,7 @@ def beam_search(
     pad_id=PAD_ID,
     return_all_beams=False,
     early_stopping=False,
+    first_step_fn=None,
 ):
     """Beam search with the GNMT length penalty (Wu et al., 2016; Vaswani et al., 2017, 6.1).
 
@@ -496,7 +500,10 @@ def beam_search(
     branches as it does after BOS.
 
     `state` is tiled to `[B * beam_size, ...]` (`tile_beams`) and re-gathered by each
-    surviving beam's origin after every step (`BeamState.cache`).
+    surviving beam's origin after every step (`BeamState.cache`). With `first_step_fn`,
+    the first step (BOS, where the K beams of a sentence are one) runs on the `[B, ...]`
+    state before it is tiled, as CTranslate2 does: 1/K of that step's work, the same
+    results.
 
     Args:
         step_fn: `step_fn(token_ids int32 [B*K, 1], index int32 scalar, state) ->
@@ -516,6 +523,9 @@ def beam_search(
             and CTranslate2's rule): fewer steps where the length penalty favours long
             hypotheses, but a longer one that would score better can be missed.
             Defaults to False, the exact rule above.
+        first_step_fn: optional `step_fn` over the untiled `[B, ...]` state (token ids
+            `[B, 1]`, logits `[B, V]`): it runs the first step, before the state is
+            tiled to the beams; `step_fn` runs the others.
 
     Returns:
         `(tokens int32 [B, L], scores float32 [B])`, or `[B, K, L]` and `[B, K]` with
@@ -550,7 +560,16 @@ def beam_search(
     def body(s):
         return (_beam_step(step_fn, s, settings),)
 
-    initial = _initial_beam_state(state, batch_size, max_length, beam_size, bos_id)
+    if first_step_fn is None:
+        initial = _initial_beam_state(state, batch_size, max_length, beam_size, bos_id)
+    else:
+        # The K beams of a sentence are one until the first step has run: run it on B rows,
+        # then tile its logits and state, and take the step as the loop would have.
+        first_tokens = ops.full((batch_size, 1), bos_id, dtype="int32")
+        logits, state = first_step_fn(first_tokens, ops.convert_to_tensor(0, "int32"), state)
+        tiled = tile_beams((logits, state), beam_size)
+        start = _initial_beam_state(tiled[1], batch_size, max_length, beam_size, bos_id, tile=False)
+        initial = _beam_step(lambda token_ids, index, cache: tiled, start, settings)
     # The state travels as a 1-tuple: `while_loop` unpacks a tuple into arguments.
     (final,) = ops.while_loop(cond, body, (initial,))
     reached = ops.greater(final.finished_scores, _NEG_INF)
@@ -729,9 +748,10 @@ def beam_decode(
     """Beam search decoding of a `Transformer` through its key/value cache (6.1).
 
     Runs the encoder once, projects its output once per decoder layer for
-    cross-attention, tiles both to the beams, and calls `beam_search` with
-    `model.decode_step`; the self-attention caches are the search state, re-gathered by
-    beam origin each step. Lengths follow `decode_lengths`.
+    cross-attention, and calls `beam_search` with `model.decode_step`: the first step on
+    one row per sentence, the others on the rows of the beams (the encoder's output and
+    caches tiled to them); the self-attention caches are the search state, re-gathered
+    by beam origin each step. Lengths follow `decode_lengths`.
 
     Args:
         model: a `keras_transformer.Transformer`.
@@ -778,6 +798,7 @@ def beam_decode(
         prefix_ids=prefix_ids,
         return_all_beams=return_all_beams,
         early_stopping=early_stopping,
+        first_step_fn=_cached_step_fn(model, cross_caches, encoder_padding_mask),
     )
 
 
