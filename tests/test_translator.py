@@ -26,6 +26,7 @@ from tiny_translation import (  # noqa: F401  (session fixtures)
 import keras_transformer as kt
 from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.inference import decoding
+from keras_transformer.inference.compiled import JAX_CACHE_MAX_BYTES, use_jax_compilation_cache
 from keras_transformer.inference.translator import Hypothesis, Translator, pad_batch
 
 
@@ -160,6 +161,30 @@ def test_early_stopping_is_the_beam_searches_setting(translator, sentences):
     assert translator.decoder.decode_kwargs["early_stopping"] is False
     early.translate(sentences[:2], n_best=2)  # the n-best decoder is made on first use
     assert early._n_best_decoder.decode_kwargs["early_stopping"] is True
+
+
+def test_jax_keeps_compiled_searches_in_the_user_cache(monkeypatch, tmp_path):
+    if keras.backend.backend() != "jax":
+        assert use_jax_compilation_cache() is None  # only JAX has a persistent cache to point
+        return
+    import jax
+
+    chosen = jax.config.jax_compilation_cache_dir  # the test session's (conftest.py)
+    assert use_jax_compilation_cache() == chosen  # a directory the process chose stays
+    monkeypatch.setenv("KERAS_TRANSFORMER_CACHE", str(tmp_path))
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert use_jax_compilation_cache() == str(tmp_path / "jax_compilation")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax_compilation")
+        assert jax.config.jax_compilation_cache_max_size == JAX_CACHE_MAX_BYTES
+        jax.config.update("jax_compilation_cache_dir", None)
+        (tmp_path / "file").write_text("")
+        with pytest.warns(RuntimeWarning, match=r"compilation cache stays off: its directory .*file/jax"):
+            assert use_jax_compilation_cache(tmp_path / "file" / "jax") is None
+        assert jax.config.jax_compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", chosen)
+        jax.config.update("jax_compilation_cache_max_size", -1)
 
 
 def test_tokenizer_of_another_vocabulary_is_refused(translator, sentences):

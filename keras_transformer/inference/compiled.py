@@ -30,7 +30,9 @@ retraces. The comparison is one pass over `model.variables` per call, small besi
 a decode.
 """
 
+import os
 import threading
+import warnings
 
 import keras
 from keras import ops
@@ -44,6 +46,8 @@ _METHODS = {
     "greedy_uncached": decoding.greedy_decode_uncached,
     "sample": sampling.sample_decode,
 }
+# The most bytes `use_jax_compilation_cache` lets JAX's cache directory hold.
+JAX_CACHE_MAX_BYTES = 2**30
 
 
 class CompiledDecoder:
@@ -196,8 +200,49 @@ class CompiledDecoder:
         return function(_int32(encoder_inputs), inputs)
 
 
+def user_cache_dir():
+    """`$KERAS_TRANSFORMER_CACHE`, else `$XDG_CACHE_HOME/keras_transformer` (`~/.cache/...`)."""
+    return os.environ.get("KERAS_TRANSFORMER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "keras_transformer"
+    )
+
+
+def use_jax_compilation_cache(directory=None):
+    """Points JAX's persistent compilation cache at `directory`; returns the directory in use.
+
+    On JAX, a `Translator` compiles its search once per batch shape (seconds each on a
+    CPU); with the cache, a later process reads the compiled programs back instead.
+    JAX keys each entry by the program, its shapes, the JAX version and the machine, so
+    an entry is only reused where it is valid. Does nothing (and returns what is set, or
+    None) off JAX or where the process already chose a cache directory. Defaults to
+    `user_cache_dir()/jax_compilation`, holding at most `JAX_CACHE_MAX_BYTES` (JAX drops
+    the least recently used entries). A directory that cannot be made leaves the cache
+    off, with one warning saying why.
+    """
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    directory = os.fspath(directory) if directory is not None else os.path.join(user_cache_dir(), "jax_compilation")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        warnings.warn(
+            f"JAX's compilation cache stays off: its directory {directory!r} cannot be made "
+            f"({error}); each process compiles its searches afresh.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_compilation_cache_max_size", JAX_CACHE_MAX_BYTES)
+    return directory
+
+
 def _int32(x):
     return ops.cast(ops.convert_to_tensor(x), "int32")
 
 
-__all__ = ["CompiledDecoder"]
+__all__ = ["CompiledDecoder", "JAX_CACHE_MAX_BYTES", "use_jax_compilation_cache", "user_cache_dir"]

@@ -4,11 +4,12 @@ The object user scripts hold: it loads a model directory (`model.keras` and
 `tokenizer.model`), a preset (`Translator.from_preset`), or takes a model and its
 tokenizer, and translates lists of strings on any Keras backend: by beam search (with
 n-best lists), greedy search or sampling, optionally from forced target prefixes. Sentences are tokenized with the sentencepiece model
-in Python, sorted by length, batched, padded to a few shapes (the training
+in Python, sorted by length (longest first), batched, padded to a few shapes (the training
 pipeline's length buckets, and batch sizes rounded up to powers of two), decoded,
 detokenized and put back in the caller's order. The compiled decoder of
 `keras_transformer.inference.compiled` traces (and on TensorFlow and JAX compiles) once per
-shape, so a long stream of sentences costs a handful of compilations, not one per batch.
+shape, so a long stream of sentences costs a handful of compilations, not one per batch;
+on JAX, its persistent compilation cache keeps them for the next process.
 """
 
 import importlib
@@ -24,7 +25,7 @@ import numpy as np
 from keras_transformer import checks
 from keras_transformer.data.pipeline import default_bucket_boundaries
 from keras_transformer.inference import ensemble, sampling
-from keras_transformer.inference.compiled import CompiledDecoder
+from keras_transformer.inference.compiled import CompiledDecoder, use_jax_compilation_cache
 from keras_transformer.inference.text_inputs import checked_strings, encodable, progress_bar
 from keras_transformer.inference.decoding import DECODE_METHODS, MAX_DECODE_EXTRA
 from keras_transformer.model.directory import load_model_and_tokenizer, resolve_search
@@ -127,6 +128,11 @@ class Translator:
             Defaults to 1 (all).
         seed: int, sampling only. Defaults to None: a seed from Python's `random`
             (so `keras.utils.set_random_seed` fixes it); `translator.seed` holds it.
+        compilation_cache: bool, on JAX, keep the compiled searches in JAX's persistent
+            compilation cache (`compiled.use_jax_compilation_cache`: the user cache
+            directory, `$KERAS_TRANSFORMER_CACHE` or `~/.cache/keras_transformer`), so a
+            later process skips their compilation. Defaults to True; ignored elsewhere,
+            and where the process set JAX's cache directory itself.
 
     Raises:
         ValueError: the tokenizer's vocabulary size differs from the model's, an
@@ -159,6 +165,7 @@ class Translator:
         top_k=None,
         top_p=None,
         seed=None,
+        compilation_cache=True,
     ):
         beam_size, length_penalty = resolve_search(model_dir_or_model, beam_size, length_penalty)
         checks.check_positive_int("beam_size", beam_size)
@@ -170,6 +177,7 @@ class Translator:
         checks.check_bool("early_stopping", early_stopping)
         checks.check_positive_int("batch_size", batch_size)
         checks.check_bool("jit_compile", jit_compile)
+        checks.check_bool("compilation_cache", compilation_cache)
         sampling_settings = _sampling_settings(decoding, temperature, top_k, top_p, seed)
         model, tokenizer = _load_model(model_dir_or_model, tokenizer)
         self.model = model
@@ -185,6 +193,8 @@ class Translator:
         self.sampling = sampling_settings  # temperature, top_k, top_p; {} for the searches
         # The source with its EOS must fit the model's positions.
         self.max_source_tokens = model.config.max_length - 1
+        if compilation_cache:
+            use_jax_compilation_cache()
         self.decoder = self._make_decoder()
         self._n_best_decoder = None  # beam search returning every beam, made when first asked
         self._batches_sampled = 0  # the sampling seed of batch i is made from (seed, i)
