@@ -7,10 +7,10 @@ host. Each is started with the same command and Keras' three variables
 
 - `initialize()` calls `keras.distribution.initialize()` (which calls
   `jax.distributed.initialize`) before JAX starts its backend, with the distributed
-  runtime's heartbeat and shutdown timeouts set to `heartbeat_seconds()`: a process
-  that is killed or hangs ends every other one within about that long (the runtime
-  aborts them with "Terminating process because the JAX distributed service detected
-  fatal errors") instead of JAX's 100 and 300 s. A process that raises reports it
+  runtime's heartbeat timeout set to `heartbeat_seconds()` (its shutdown barrier's to
+  twice that): a process that is killed or hangs ends every other one within about the
+  heartbeat (the runtime aborts them with "Terminating process because the JAX
+  distributed service detected fatal errors") instead of JAX's 100 s. A process that raises reports it
   first (`report_failure`, through the runtime's key-value store): every other one
   stops at once with one line naming it, and status 1.
 - `data_parallel()` is `keras.distribution.DataParallel` over every process's devices,
@@ -113,7 +113,10 @@ def initialize():
         return 1
     seconds = heartbeat_seconds()
     try:
-        with _jax_initialize_options(heartbeat_timeout_seconds=seconds, shutdown_timeout_seconds=seconds):
+        # The shutdown barrier at exit: processes that end together (kt-train waits for the
+        # chief's final save first) meet there within moments; twice the heartbeat leaves room
+        # for a slow interpreter exit on a loaded host.
+        with _jax_initialize_options(heartbeat_timeout_seconds=seconds, shutdown_timeout_seconds=2 * seconds):
             keras.distribution.initialize()  # reads Keras' variables, seeds every process alike
     except RuntimeError as error:
         if "before any JAX calls" not in str(error):
@@ -179,8 +182,13 @@ def _watch_for_failures():
 
     here = f"JAX process {jax.process_index()} of {jax.process_count()}"
 
+    main = threading.main_thread()
+
     def watch():
-        while not _state["exiting"]:
+        # Ends with the main thread, before the exit handlers run: a thread still inside the
+        # runtime's C++ call when Python finalizes aborts the process ("FATAL: exception not
+        # rethrown"), so the interpreter waits for this one (not a daemon) at most one wait.
+        while main.is_alive() and not _state["exiting"]:
             started = time.monotonic()
             try:
                 message = client.blocking_key_value_get(_FAILURE_KEY, _WATCH_WAIT_MS)
@@ -192,7 +200,7 @@ def _watch_for_failures():
             print(f"{message}; {here} stops too", file=sys.stderr, flush=True)
             os._exit(STOPPED_BY_ANOTHER_STATUS)
 
-    _state["watch"] = threading.Thread(target=watch, name="keras_transformer-failure-watch", daemon=True)
+    _state["watch"] = threading.Thread(target=watch, name="keras_transformer-failure-watch")
     _state["watch"].start()
     hook = sys.excepthook
 
@@ -208,9 +216,6 @@ def _watch_for_failures():
 def _at_exit():
     _state["exiting"] = True
     if not _state["reported"]:
-        # A daemon thread still inside the runtime's C++ call when Python finalizes aborts
-        # the process ("FATAL: exception not rethrown"): let its wait end first.
-        _state["watch"].join(timeout=2 * _WATCH_WAIT_MS / 1000)
         return
     # The others stopped on the report: JAX's shutdown barrier would wait for them in vain.
     with contextlib.suppress(Exception):
