@@ -156,8 +156,7 @@ class Transformer(keras.Model):
         """`keras.Model.train_on_batch`; on TensorFlow the optimizer is built first, as in `fit`.
 
         Its first call traces the training step once instead of twice (see
-        `_build_optimizer_before_tracing`): 2.5 s against 6.8 s for the tiny test model on
-        a 2-core AMD EPYC.
+        `_build_optimizer_before_tracing`), which about halves its time.
         """
         self._build_optimizer_before_tracing()
         return super().train_on_batch(*args, **kwargs)
@@ -169,8 +168,8 @@ class Transformer(keras.Model):
         unbuilt until the training step is traced, so its slot variables (Adam's two per
         weight) are created inside `tf.function`, and a function that creates variables is
         traced twice. Built here, on the weights that are trainable when `fit` starts (as
-        the first trace would), the step is traced once: the first `fit` of the tiny
-        test model took 9.2 s before and 4.4 s after on a 2-core AMD EPYC. Under a
+        the first trace would), the step is traced once, and the first `fit` takes about
+        half as long. Under a
         strategy Keras builds the optimizer itself, in the strategy's scope; JAX and
         PyTorch build it before their first step too.
         """
@@ -189,8 +188,8 @@ class Transformer(keras.Model):
 
         Keras' `Layer.__delattr__` runs `gc.collect()` each time it drops a float kernel
         (to free device memory at once), and `quantize` drops one per `Dense`: in a
-        process that has imported TensorFlow each collection takes ~0.4 s, so the tiny
-        demo model took ~10 s and `small` more. The same memory is freed by the single
+        process that has imported TensorFlow each collection walks all of its objects, so
+        each `Dense` cost a full collection. The same memory is freed by the single
         collection after the last layer; the quantized model is the same.
         """
         with _collections_deferred():

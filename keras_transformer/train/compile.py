@@ -200,8 +200,9 @@ def compile_transformer(
     Example:
     >>> model = kt.build_transformer(kt.TransformerConfig.from_preset("tiny", vocab_size=100))
     >>> model = compile_transformer(model, kt.TrainingConfig(warmup_steps=400))
-    >>> model.optimizer._learning_rate.warmup_steps  # the schedule itself
-    400
+    >>> schedule = make_schedule(model.config.d_model, kt.TrainingConfig(warmup_steps=400))
+    >>> float(model.optimizer.learning_rate) == float(schedule(0))  # the first update's rate
+    True
     >>> model = compile_transformer(model, gradient_accumulation_steps=4)  # 4 batches per update
     >>> model.optimizer.gradient_accumulation_steps
     4
