@@ -201,7 +201,7 @@ def describe(engine):
 def is_chief():
     """True in the one process that writes logs, checkpoints to keep, and exports.
 
-    On PyTorch, rank 0 of a torchrun job (`RANK`). Else from `TF_CONFIG` when it is set
+    On PyTorch under torchrun, rank 0 (`RANK`). Else from `TF_CONFIG` when it is set
     (the "chief" task, or worker 0 of a cluster with no chief); else, on JAX, process 0
     (`jax.process_index()`, or before JAX joins the other processes,
     `KERAS_DISTRIBUTION_PROCESS_ID`); else True (one process).
@@ -209,7 +209,8 @@ def is_chief():
     if keras.backend.backend() == "torch":
         from keras_transformer import torch_processes
 
-        return torch_processes.is_chief()
+        if torch_processes.launched():
+            return torch_processes.is_chief()
     tf_config = _tf_config()
     if tf_config:
         task = tf_config.get("task") or {}

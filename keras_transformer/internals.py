@@ -67,6 +67,25 @@ def loss_tracker(model):
     return _read(model, "_loss_tracker", "keras")
 
 
+def initial_epoch(model):
+    """The epoch `fit` starts at: 0, or the one `BackupAndRestore` restored (`model._initial_epoch`).
+
+    In a run over several processes only the chief reads the backup, and the others must
+    start at its epoch. Public alternative: none (`fit`'s `initial_epoch` argument is read
+    before the callbacks' `on_train_begin`, where `BackupAndRestore` sets this).
+    """
+    return int(_read(model, "_initial_epoch", "keras") or 0)
+
+
+def set_initial_epoch(model, epoch):
+    """Makes `fit` start at `epoch` (an int), as `BackupAndRestore` does when it restores.
+
+    For the processes that did not restore (see `initial_epoch`); called in `on_train_begin`.
+    """
+    _read(model, "_initial_epoch", "keras")
+    model._initial_epoch = epoch or None
+
+
 def learning_rate_object(optimizer):
     """What the optimizer was given as its learning rate: the schedule object, or its variable.
 
@@ -160,10 +179,12 @@ __all__ = [
     "assert_tensor_metadata_op",
     "construction_strategy",
     "foreach_copy",
+    "initial_epoch",
     "learning_rate_object",
     "loss_tracker",
     "replace_dtype_policy",
     "replace_sentencepiece_resource",
+    "set_initial_epoch",
     "stored_kernel",
     "variable_tensors",
 ]

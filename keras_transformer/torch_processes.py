@@ -49,6 +49,8 @@ import threading
 import keras
 import numpy as np
 
+from keras_transformer import internals
+
 # torchrun's variables; WORLD_SIZE above 1 asks for several processes.
 ENVIRONMENT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TIMEOUT_ENVIRONMENT = "KERAS_TRANSFORMER_TORCH_TIMEOUT_SECONDS"
@@ -77,6 +79,11 @@ def requested_world_size():
     if size < 1:
         raise ValueError(f"WORLD_SIZE must be a positive whole number (torchrun sets it). Received: {raw!r}")
     return size
+
+
+def launched():
+    """Whether torchrun started this process (`RANK` is set), one of several or alone."""
+    return bool(os.environ.get("RANK", "").strip())
 
 
 def requested():
@@ -339,7 +346,7 @@ class ProcessSync(keras.callbacks.Callback):
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)  # as BackupAndRestore does in the chief
         broadcast_from_chief(list(model.variables) + (list(model.optimizer.variables) if model.optimizer else []))
-        _set_initial_epoch(model, chief_value(_initial_epoch(model)))
+        internals.set_initial_epoch(model, chief_value(internals.initial_epoch(model)))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._agree()
@@ -378,16 +385,6 @@ def _budget_schedule(model):
         return budget_schedule_of(model.optimizer)[0]
     except ValueError:  # another learning rate: nothing estimated, nothing to agree on
         return None
-
-
-def _initial_epoch(model):
-    # The epoch `fit` starts at, which `BackupAndRestore` sets when it restores (Keras keeps it
-    # in `_initial_epoch`; no public accessor).
-    return int(getattr(model, "_initial_epoch", None) or 0)
-
-
-def _set_initial_epoch(model, epoch):
-    model._initial_epoch = epoch or None
 
 
 def _stop_on_sigterm():
@@ -462,6 +459,7 @@ __all__ = [
     "initialize",
     "is_chief",
     "is_multi_process",
+    "launched",
     "process_dataset",
     "rank",
     "requested",

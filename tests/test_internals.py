@@ -45,6 +45,23 @@ def test_loss_tracker():
     assert isinstance(tracker, keras.metrics.Mean) and tracker in model.metrics
 
 
+def test_initial_epoch():
+    model = tiny_model()
+    assert internals.initial_epoch(model) == 0
+
+
+def test_set_initial_epoch():
+    model = compile_transformer(tiny_model(), jit_compile=False)
+    internals.set_initial_epoch(model, 2)
+    assert internals.initial_epoch(model) == 2
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, VOCAB, (2, 4)).astype("int32")
+    history = model.fit({"encoder_inputs": ids, "decoder_inputs": ids}, ids, epochs=3, verbose=0)
+    assert history.epoch == [2]  # fit started at the epoch set
+    internals.set_initial_epoch(model, 0)
+    assert internals.initial_epoch(model) == 0
+
+
 def test_learning_rate_object():
     from keras_transformer.train.schedules import TransformerSchedule
 

@@ -177,6 +177,8 @@ def compile_transformer(
     (`keras_transformer.train.precision.loss_scaled_optimizer`). Keras does this by itself
     only when the *model object's* policy is `mixed_float16`, but the `Transformer` gives
     the config's policy to its layers, not to itself. bfloat16 needs no loss scaling.
+    On PyTorch under torchrun (several processes), the model trains with each step's
+    gradients averaged across them (`train.torch_data_parallel.attach`).
 
     Args:
         model: a `keras_transformer.Transformer`.
@@ -229,6 +231,12 @@ def compile_transformer(
         jit_compile=attach_torch_step(model, jit_compile),
         steps_per_execution=steps_per_execution,
     )
+    if keras.backend.backend() == "torch":
+        from keras_transformer.train import torch_data_parallel  # imports torch
+
+        # Under torchrun: each step's gradients averaged across the processes, rank 0's
+        # weights in every one. One process: nothing.
+        torch_data_parallel.attach(model)
     return model
 
 

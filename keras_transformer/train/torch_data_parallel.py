@@ -41,7 +41,7 @@ import keras
 import torch
 import torch.distributed as dist
 
-from keras_transformer import checks, torch_processes
+from keras_transformer import checks, internals, torch_processes
 
 # The size of one all-reduce, as DistributedDataParallel's default `bucket_cap_mb=25`:
 # large enough that each all-reduce moves data at the link's speed, small enough that the
@@ -259,7 +259,7 @@ class DataParallelStep:
     # ------------------------------------------------------------ the two halves
     def before_backward(self, y, loss, old_metrics, new_metrics):
         """Opens the step's all-reduce: this process's weight, weighted loss and metric changes."""
-        trainable = [v.value for v in self.model.trainable_variables]
+        trainable = internals.variable_tensors(self.model.trainable_variables)
         if self.buckets is None or not checks.same_objects(self.buckets.parameters, trainable) \
                 or self._metrics_count != len(old_metrics):
             if self.buckets is not None:
@@ -283,7 +283,7 @@ class DataParallelStep:
         return folded
 
     def _tracker_positions(self):
-        tracker = _loss_tracker(self.model)
+        tracker = internals.loss_tracker(self.model)
         variables = self.model.metrics_variables
         positions = [next(i for i, v in enumerate(variables) if v is tracked) for tracked in (tracker.total, tracker.count)]
         return positions
@@ -296,10 +296,10 @@ class DataParallelStep:
         y_pred = model(x, training=True)
         model.zero_grad()
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-        metrics = [v.value for v in model.metrics_variables]
+        metrics = internals.variable_tensors(model.metrics_variables)
         old = [tensor.detach().clone() for tensor in metrics]
         rows = next(leaf for leaf in keras.tree.flatten(x) if leaf is not None).shape[0]
-        _loss_tracker(model).update_state(loss.detach(), sample_weight=rows)
+        internals.loss_tracker(model).update_state(loss.detach(), sample_weight=rows)
         # Before the backward pass (Keras updates them after the update, from the same
         # predictions): their changes ride in the gradients' all-reduce.
         model.compute_metrics(x, y, y_pred.detach(), sample_weight=sample_weight)
@@ -342,11 +342,6 @@ def attach(model, bucket_bytes=BUCKET_BYTES):
     model.captured_train_step = DataParallelStep(model, inner, bucket_bytes)
     torch_processes.broadcast_from_chief(model.variables)
     return model
-
-
-def _loss_tracker(model):
-    # The `Mean` behind the "loss" log (Keras keeps it in `_loss_tracker`; no public accessor).
-    return model._loss_tracker
 
 
 __all__ = ["BUCKET_BYTES", "DataParallelStep", "GradientBuckets", "attach", "local_weight"]

@@ -92,7 +92,12 @@ class CapturedTrainStep:
     Attributes:
         graphs: the `GraphCache` of the step's graphs (`graphs.failure` says why none runs).
         optimizer_update: the `CompiledOptimizerUpdate` with a compiler, else None.
+        gradient_sync: None, or in a run over several processes the
+            `torch_data_parallel.DataParallelStep` that averages each step's gradients
+            and metrics across them, around the backward pass.
     """
+
+    gradient_sync = None
 
     def __init__(self, model, compiler=None, capture_after=1, strict=False):
         if keras.backend.backend() != "torch":
@@ -163,7 +168,12 @@ class CapturedTrainStep:
         self.model.zero_grad()
         trainable, non_trainable, metrics = map(internals.variable_tensors, variables)
         loss, logs, new_non_trainable, new_metrics = graph(trainable, non_trainable, metrics, x, y)
+        sync = self.gradient_sync
+        if sync is not None:  # several processes: the all-reduce opens before backward, closes after
+            sync.before_backward(y, loss, metrics, new_metrics)
         self.model.optimizer.scale_loss(loss).backward()
+        if sync is not None:
+            new_metrics = sync.after_backward(metrics, new_metrics)
         with torch.no_grad():
             for tensor, value in zip(non_trainable + metrics, new_non_trainable + new_metrics):
                 if value is not tensor:
