@@ -167,7 +167,7 @@ def test_decoding_arguments_give_translator_settings():
     parser = argparse.ArgumentParser()
     common.add_decoding_arguments(parser)
     defaults = common.decoding_settings(parser.parse_args([]))
-    assert defaults == {"beam_size": 4, "length_penalty": 0.6, "max_extra": 50, "batch_size": 64}
+    assert defaults == {"beam_size": 4, "length_penalty": 0.6, "max_extra": 50, "batch_size": None}  # None: 32 hypotheses
     greedy = common.decoding_settings(parser.parse_args(["--greedy", "--max-extra", "3", "--batch-size", "8"]))
     assert greedy == {"beam_size": 1, "length_penalty": 0.6, "max_extra": 3, "batch_size": 8}
     with pytest.raises(SystemExit):  # one search or the other
@@ -188,7 +188,7 @@ def test_sampling_arguments_give_translator_settings_and_only_where_a_translator
     common.add_decoding_arguments(parser)
     argv = ["--sample", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3"]
     assert common.decoding_settings(parser.parse_args(argv)) == {
-        "beam_size": 4, "length_penalty": 0.6, "max_extra": 50, "batch_size": 64,
+        "beam_size": 4, "length_penalty": 0.6, "max_extra": 50, "batch_size": None,
         "decoding": "sample", "temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 3,
     }
     # A sampling setting without --sample is passed on, for the Translator to refuse by name.

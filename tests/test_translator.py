@@ -163,6 +163,19 @@ def test_early_stopping_is_the_beam_searches_setting(translator, sentences):
     assert early._n_best_decoder.decode_kwargs["early_stopping"] is True
 
 
+def test_default_batches_hold_32_hypotheses_and_decode_each_sentence_alike(translator, sentences):
+    """8 sentences at beam 4, 32 greedy; any batching gives the same translations."""
+    model, tokenizer = translator.model, translator.tokenizer
+    settings = dict(max_extra=MAX_EXTRA, jit_compile=False)
+    assert Translator(model, tokenizer, beam_size=4, **settings).batch_size == 8
+    assert Translator(model, tokenizer, beam_size=1, **settings).batch_size == 32
+    assert Translator(model, tokenizer, beam_size=64, **settings).batch_size == 1
+    assert Translator(model, tokenizer, beam_size=4, batch_size=3, **settings).batch_size == 3
+    by_default = Translator(model, tokenizer, beam_size=BEAM_SIZE, **settings)
+    assert by_default.batch_size == 16
+    assert by_default.translate(sentences) == translator.translate(sentences)  # batches of 16 and of 4
+
+
 def test_jax_keeps_compiled_searches_in_the_user_cache(monkeypatch, tmp_path):
     if keras.backend.backend() != "jax":
         assert use_jax_compilation_cache() is None  # only JAX has a persistent cache to point

@@ -251,13 +251,13 @@ def add_decoding_arguments(parser, *, batch_size=True, sampling=None):
         help=f"output tokens allowed beyond the source length (default {MAX_DECODE_EXTRA})",
     )
     if batch_size:
-        from keras_transformer.inference.translator import DEFAULT_BATCH_SIZE
+        from keras_transformer.inference.translator import BATCH_HYPOTHESES
 
         group.add_argument(
             "--batch-size",
             type=int,
-            default=DEFAULT_BATCH_SIZE,
-            help=f"most sentences decoded together (default {DEFAULT_BATCH_SIZE})",
+            default=None,
+            help=f"most sentences decoded together (default: {BATCH_HYPOTHESES} hypotheses, 8 sentences at beam 4)",
         )
 
 
