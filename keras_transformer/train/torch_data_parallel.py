@@ -11,7 +11,8 @@ by the global count. A process holding 2 real tokens weighs 2, not as much as on
 10 (which plain averaging, DDP's, would do).
 
 `GradientBuckets` does the all-reduce as PyTorch's DistributedDataParallel does: the
-gradients are copied into flat buffers of about `BUCKET_BYTES` (25 MB, DDP's default), in
+gradients are copied into flat buffers of about `BUCKET_BYTES` (25 MB, DDP's default; the
+first 1 MB), in
 the reverse order of the weights (the order backward makes them), each launched as an
 asynchronous all-reduce as soon as its last gradient arrives
 (`Tensor.register_post_accumulate_grad_hook`), always in the same order on every
@@ -44,9 +45,13 @@ import torch.distributed as dist
 from keras_transformer import checks, internals, torch_processes
 
 # The size of one all-reduce, as DistributedDataParallel's default `bucket_cap_mb=25`:
-# large enough that each all-reduce moves data at the link's speed, small enough that the
-# first starts while the backward pass still has most of the model to go.
+# large enough that each all-reduce moves data at the link's speed. The first bucket (the
+# last weights, whose gradients backward makes first) closes at 1 MB, as DDP's does, so the
+# first all-reduce starts early in the backward pass: with 25 MB from the start, the
+# `small` model's (30 MB) first went out at 91% of the eager backward pass, at 1 MB at 30%
+# (`bench/torch_data_parallel.py`).
 BUCKET_BYTES = 25 * 2**20
+FIRST_BUCKET_BYTES = 2**20
 # The extras each step's all-reduce carries before the metric changes: the process's real
 # target tokens (its weight), and its loss times that weight.
 _WEIGHT, _WEIGHTED_LOSS, _METRICS = 0, 1, 2
@@ -80,7 +85,8 @@ class GradientBuckets:
         parameters: the trainable `torch.Tensor`s, in the model's order.
         extras: int, how many float32 numbers ride along with the gradients: the step's
             weight first (this process's real-token count), then anything to be summed.
-        bucket_bytes: int, the size at which a bucket is closed. Defaults to `BUCKET_BYTES`.
+        bucket_bytes: int, the size at which a bucket is closed. Defaults to `BUCKET_BYTES`;
+            the first closes at `FIRST_BUCKET_BYTES` if that is less.
         group: the process group; defaults to every process.
     """
 
@@ -103,7 +109,8 @@ class GradientBuckets:
     def _make_buckets(self, extras, bucket_bytes):
         groups, current, size = [], [], 0
         for p in reversed(self.parameters):  # backward makes the last weights' gradients first
-            if current and (size + p.numel() * p.element_size() > bucket_bytes or p.dtype != current[0].dtype
+            cap = min(FIRST_BUCKET_BYTES, bucket_bytes) if not groups else bucket_bytes
+            if current and (size + p.numel() * p.element_size() > cap or p.dtype != current[0].dtype
                             or p.device != current[0].device):
                 groups.append(current)
                 current, size = [], 0
@@ -344,4 +351,4 @@ def attach(model, bucket_bytes=BUCKET_BYTES):
     return model
 
 
-__all__ = ["BUCKET_BYTES", "DataParallelStep", "GradientBuckets", "attach", "local_weight"]
+__all__ = ["BUCKET_BYTES", "FIRST_BUCKET_BYTES", "DataParallelStep", "GradientBuckets", "attach", "local_weight"]
