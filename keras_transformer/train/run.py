@@ -723,7 +723,7 @@ def _torch_processes_done(chief, plan):
         shutil.rmtree(plan.staging, ignore_errors=True)
 
 
-# Settings each JAX process may hold its own value of: where the chief writes, what each prints.
+# Settings each JAX or PyTorch process may hold its own value of: where the chief writes, what each prints.
 _PER_PROCESS_SETTINGS = frozenset({"name", "output_dir", "binarized_dir", "data_dir", "overwrite", "verbose", "keep_checkpoints"})
 
 
