@@ -157,6 +157,28 @@ def foreach_copy(destinations, sources):
     _read(torch, "_foreach_copy_", "torch")(destinations, sources)
 
 
+# JAX
+
+
+def jax_distributed_client():
+    """This process's client of JAX's distributed runtime, or None before `jax.distributed.initialize`.
+
+    Its key-value store is how a process that raises tells the others at once
+    (`jax_processes.report_failure`), instead of their waiting for the heartbeat to miss
+    it. JAX keeps the client in a private module (`jax._src.distributed.global_state`).
+    Public alternative: none (`jax.experimental.multihost_utils` offers collectives, which
+    a failed process cannot join).
+    """
+    try:
+        from jax._src import distributed
+    except ImportError as error:
+        raise InternalsError(
+            f"keras_transformer reads jax._src.distributed, which jax {_version('jax')} does not have ({error}). "
+            "keras_transformer.internals lists what it reads and why."
+        ) from error
+    return _read(_read(distributed, "global_state", "jax"), "client", "jax")
+
+
 # tensorflow-text
 
 
@@ -180,6 +202,7 @@ __all__ = [
     "construction_strategy",
     "foreach_copy",
     "initial_epoch",
+    "jax_distributed_client",
     "learning_rate_object",
     "loss_tracker",
     "replace_dtype_policy",

@@ -54,6 +54,8 @@ import time
 import keras
 import numpy as np
 
+from keras_transformer import internals
+
 # Keras' variables for keras.distribution.initialize(); any of them set asks for several processes.
 ENVIRONMENT = (
     "KERAS_DISTRIBUTION_JOB_ADDRESSES",
@@ -140,8 +142,10 @@ def report_failure(error):
     killed, or one that hangs), the distributed runtime stops the others within
     `heartbeat_seconds()`.
     """
-    client = _client()
-    if client is None or _state["reported"] or not is_multi_process():
+    if _state["reported"] or not is_multi_process():
+        return
+    client = internals.jax_distributed_client()
+    if client is None:
         return
     import jax
 
@@ -164,19 +168,12 @@ def failure_reported():
         raise
 
 
-def _client():
-    """The distributed runtime's client of this process (JAX keeps it in a private module), or None."""
-    with contextlib.suppress(ImportError, AttributeError):
-        from jax._src import distributed
-
-        return distributed.global_state.client
-    return None
-
-
 def _watch_for_failures():
     """A thread that ends this process with one line as soon as another one reports a failure."""
-    client = _client()
-    if client is None or not is_multi_process() or _state["watch"] is not None:
+    if not is_multi_process() or _state["watch"] is not None:
+        return
+    client = internals.jax_distributed_client()
+    if client is None:
         return
     import jax
 
@@ -441,9 +438,8 @@ class ProcessSync(keras.callbacks.Callback):
         values = multihost_utils.broadcast_one_to_all([np.asarray(variable.value) for variable in variables])
         for variable, value in zip(variables, values):
             variable.assign(value)
-        # The epoch `fit` starts at, which `BackupAndRestore` sets when it restores (Keras keeps
-        # it in `_initial_epoch`; no public accessor).
-        model._initial_epoch = chief_value(int(getattr(model, "_initial_epoch", None) or 0)) or None
+        # The epoch `fit` starts at, which `BackupAndRestore` sets when it restores.
+        internals.set_initial_epoch(model, chief_value(internals.initial_epoch(model)))
 
     def on_epoch_begin(self, epoch, logs=None):
         self._agree()

@@ -115,6 +115,12 @@ def test_foreach_copy():
     assert [d.tolist() for d in destinations] == [[1.0, 1.0], [0.0, 1.0, 2.0]]
 
 
+def test_jax_distributed_client():
+    pytest.importorskip("jax", reason="JAX is not installed")  # the jax extra
+    # One process that never called jax.distributed.initialize: the state is there, its client not yet.
+    assert internals.jax_distributed_client() is None
+
+
 def test_replace_sentencepiece_resource():
     from tiny_translation import tiny_sentences
 
