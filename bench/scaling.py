@@ -464,8 +464,24 @@ def main_processes(args, argv):
         "comparison": comparison,
     }
     path = machine.write_json(args.output or machine.RESULTS_DIR / "scaling_processes.json", payload)
+    plot_processes(payload, path.with_suffix(".png"))
     print(process_table(comparison))
     print(f"wrote {path}")
+
+
+def plot_processes(payload, path):
+    """Target tokens/s per backend, one bar per layout of the two cores."""
+    by_name = {summary["name"]: summary["target_tokens_per_s"] for summary in payload["results"]}
+    backends = [backend for backend in ("torch", "jax") if any(name.startswith(backend) for name in by_name)]
+    layouts = ("2 processes x 1 thread", "1 process x 2 threads", "1 process x 1 thread, half batch")
+    series = {layout: [by_name.get(f"{backend}/{layout}") for backend in backends] for layout in layouts}
+    info = payload["machine"]
+    loads = [summary["load_average_1min_at_best"] for summary in payload["results"]]
+    note = (f"{info['cpu_model']}, {info['usable_cores']} cores, shared; load average at the best fits "
+            f"{min(loads)}-{max(loads)}; {payload['model']['preset']} preset, "
+            f"{payload['model']['global_rows'] * payload['model']['length']} target tokens a global batch")
+    machine.grouped_bar_chart(path, "Training target tokens/s: processes vs threads on one CPU",
+                              "target tokens/s", backends, series, note=note)
 
 
 def process_table(comparison):
