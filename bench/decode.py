@@ -10,7 +10,9 @@ peak RSS while each decoder ran:
   `jax.jit` on JAX, eager under `no_grad` on PyTorch), with `max_length=L`:
   `greedy` (key/value cache), `greedy_uncached` (reruns the decoder over the whole
   output buffer at every step) and `beam4` (cached, beam 4, length penalty 0.6). Our
-  API has no uncached beam search, so there is no `beam4_uncached`.
+  API has no uncached beam search, so there is no `beam4_uncached`. `beam4_before` is
+  beam 4 as it ran before its first step ran on one row per sentence
+  (`beam_decode_before`), side by side with today's.
 - ours in Keras int8 (`ours_int8_*`): the same weights after `model.quantize("int8")`.
 - CTranslate2 (`ct2_float32_*`, `ct2_int8_*`): the same weights exported by
   `keras_transformer.inference.ctranslate2_export` (made-up vocabulary pieces),
@@ -81,6 +83,7 @@ DECODERS = (
     "ours_greedy",
     "ours_greedy_uncached",
     "ours_beam4",
+    "ours_beam4_before",
     "ours_int8_greedy",
     "ours_int8_beam4",
     "ct2_float32_greedy",
@@ -95,6 +98,7 @@ LABELS = {
     "ours_greedy": "ours greedy",
     "ours_greedy_uncached": "ours greedy, no cache",
     "ours_beam4": "ours beam 4",
+    "ours_beam4_before": "ours beam 4, before",
     "ours_int8_greedy": "ours int8 greedy",
     "ours_int8_beam4": "ours int8 beam 4",
     "ct2_float32_greedy": "CTranslate2 greedy",
@@ -108,7 +112,12 @@ LABELS = {
 PRESETS = ("small", "base")
 BATCHES = (32, 1)  # throughput, and latency
 CT2_THREADS = 2
-TASK_ENGINES = ("ours_float32", "ours_int8", "ct2_float32", "ct2_int8")
+TASK_ENGINES = (
+    "ours_float32", "ours_float32_early", "ours_float32_before", "ours_float32_early_before",
+    "ours_int8", "ours_int8_early", "ct2_float32", "ct2_int8",
+)
+TASK_BEAM_SIZE = 4
+TASK_LENGTH_PENALTY = 0.6  # the paper's, for every engine
 RSS_SAMPLE_SECONDS = 0.005
 SOURCE_LENGTH = 24
 FIRST_ORDINARY_ID = 4  # ids 0-3 are pad, unk, bos, eos: sources hold real-token ids
@@ -203,6 +212,12 @@ def ours_decoders(model, length, config, prefix="ours"):
     }
     if prefix == "ours":
         compiled["ours_greedy_uncached"] = CompiledDecoder(model, "greedy_uncached", max_length=length)
+        compiled["ours_beam4_before"] = before = CompiledDecoder(
+            model, "beam", beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_length=length
+        )
+        before._decode = lambda encoder_inputs, inputs, model=None: beam_decode_before(
+            model or before.model, encoder_inputs, **inputs, **before.decode_kwargs
+        )
 
     def wrap(decoder):
         warmed_up = []
@@ -223,6 +238,28 @@ def ours_decoders(model, length, config, prefix="ours"):
         return run
 
     return {name: wrap(decoder) for name, decoder in compiled.items()}
+
+
+def beam_decode_before(model, encoder_inputs, beam_size, alpha, max_length=None, **kwargs):
+    """`decoding.beam_decode` as it was before the first step ran before the beams' tiling.
+
+    Every step, the first included, on the rows of the beams: the "before" of the table.
+    """
+    from keras import ops
+
+    from keras_transformer.inference import decoding
+
+    encoder_inputs = decoding._check_encoder_inputs(encoder_inputs)
+    width, limits = decoding.decode_lengths(model, encoder_inputs, max_length, kwargs.pop("max_extra", 50))
+    encoder_outputs, encoder_padding_mask = model.encode(encoder_inputs)
+    self_caches, cross_caches = model.initial_cache(encoder_outputs, width)
+    step_fn = decoding._cached_step_fn(
+        model, decoding.tile_beams(cross_caches, beam_size), decoding.tile_beams(encoder_padding_mask, beam_size)
+    )
+    return decoding.beam_search(
+        step_fn, self_caches, ops.shape(encoder_inputs)[0], width, beam_size=beam_size, alpha=alpha,
+        sentence_max_lengths=limits, **kwargs,
+    )
 
 
 def keras_hub_decoders(generator, length, config):
@@ -566,6 +603,8 @@ def ratios(entry):
         ("ours_beam4", "ct2_int8_beam4"),
         ("ours_int8_greedy", "ours_greedy"),
         ("ours_int8_beam4", "ours_beam4"),
+        ("ours_beam4", "ours_beam4_before"),
+        ("ours_beam4_before", "ct2_float32_beam4"),
     )
     return {
         f"{a}/{b}": entry[b]["seconds_best"] / entry[a]["seconds_best"]
@@ -589,11 +628,26 @@ def _print_length(where, length, entry, entry_ratios):
 
 
 # ------------------------------------------------------------------ the real task
-def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_threads, engines):
-    """Multi30k test2016 with beam 4 through each engine: seconds from construction, BLEU, RSS."""
+def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_threads, engines, rounds):
+    """Multi30k test2016 with beam 4 through each engine: seconds from construction, BLEU, RSS.
+
+    Every engine searches with beam 4 and the paper's length penalty 0.6 (whatever search
+    the model directory saved). `ours_*_early` stop a sentence by CTranslate2's rule
+    (`early_stopping=True`), the others by ours (no alive hypothesis can still win).
+    `ours_*_before` decode as `Translator` did before this release's changes (64
+    sentences a batch, `beam_decode_before`, no persistent compilation cache).
+    Each engine is timed from construction to the last sentence (ours: its compilations
+    included; on JAX into an empty persistent compilation cache), then again in
+    `rounds` interleaved rounds (every engine once a round; the fastest counts), and
+    each of ours once more as a new translator (on JAX, its programs read back from
+    that cache).
+    """
     import shutil
     import tempfile
     import warnings
+
+    folder = tempfile.mkdtemp(prefix="decode-task-")
+    os.environ["KERAS_TRANSFORMER_CACHE"] = str(pathlib.Path(folder) / "cache")  # JAX's cache starts empty
 
     from keras_transformer.inference.ctranslate2_export import export_ctranslate2
     from keras_transformer.inference.ctranslate2_translator import CTranslate2Translator
@@ -605,15 +659,31 @@ def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_
     data_dir = pathlib.Path(data_dir)
     sources = (data_dir / f"test_2016_flickr.{source_lang}").read_text(encoding="utf-8").splitlines()[:limit]
     references = (data_dir / f"test_2016_flickr.{target_lang}").read_text(encoding="utf-8").splitlines()[:limit]
+    search = {"beam_size": TASK_BEAM_SIZE, "length_penalty": TASK_LENGTH_PENALTY}
+    translations = {}
 
-    def ours_int8():
-        model, tokenizer = load_model_and_tokenizer(model_dir)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.quantize("int8")
-        return Translator(model, tokenizer=tokenizer)
+    def ours(int8=False, early_stopping=False, before=False):
+        def make():
+            model, tokenizer = load_model_and_tokenizer(model_dir)
+            if int8:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    model.quantize("int8")
+            if not before:
+                return Translator(model, tokenizer=tokenizer, early_stopping=early_stopping, **search)
+            # As Translator decoded before: 64 sentences a batch, the first step on every
+            # beam's row, no persistent compilation cache.
+            translator = Translator(
+                model, tokenizer=tokenizer, early_stopping=early_stopping, batch_size=64, compilation_cache=False, **search
+            )
+            decoder = translator.decoder
+            decoder._decode = lambda encoder_inputs, inputs, model=None: beam_decode_before(
+                model or decoder.model, encoder_inputs, **inputs, **decoder.decode_kwargs
+            )
+            return translator
 
-    folder = tempfile.mkdtemp(prefix="decode-task-")
+        return make
+
     exported = {}
     if any(name.startswith("ct2") for name in engines):  # a one-off step, timed apart
         started = time.perf_counter()
@@ -621,20 +691,24 @@ def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_
         exported["seconds"] = round(time.perf_counter() - started, 2)
 
     def ct2(kind):
-        return CTranslate2Translator(exported["dir"], compute_type=kind, intra_threads=ct2_threads)
+        return lambda: CTranslate2Translator(exported["dir"], compute_type=kind, intra_threads=ct2_threads, **search)
 
     makers = {
-        "ours_float32": lambda: Translator(model_dir),
-        "ours_int8": ours_int8,
-        "ct2_float32": lambda: ct2("float32"),
-        "ct2_int8": lambda: ct2("int8"),
+        "ours_float32": ours(),
+        "ours_float32_early": ours(early_stopping=True),
+        "ours_float32_before": ours(before=True),
+        "ours_float32_early_before": ours(early_stopping=True, before=True),
+        "ours_int8": ours(int8=True),
+        "ours_int8_early": ours(int8=True, early_stopping=True),
+        "ct2_float32": ct2("float32"),
+        "ct2_int8": ct2("int8"),
     }
-    results = {}
+    results, translators = {}, {}
     try:
-        for name in engines:
+        for name in engines:  # first calls: construction, compilation and one pass
             def translate(make=makers[name]):
-                translator = make()
-                return translator.translate(sources)
+                translators[name] = make()
+                return translators[name].translate(sources)
 
             hypotheses, wall, cpu, rss = _timed(translate)
             scores = score_translations(hypotheses, references)
@@ -648,10 +722,28 @@ def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_
                 "peak_rss_mb": round(rss / 2**20, 1),
                 "target_tokens": target_tokens,
                 "target_tokens_per_second": target_tokens / wall,
+                "repeat_seconds_all_rounds": [],
             }
+            print(f"[{backend}/task] {name:<18} first call {wall:7.1f} s  BLEU {scores['bleu']:.2f}  RSS {rss / 2**20:6.0f} MB", flush=True)
+            translations[name] = hypotheses
+        for _ in range(rounds):  # interleaved: every engine once a round, compiled
+            for name in engines:
+                again, wall, _, _ = _timed(translators[name].translate, sources)
+                if again != translations[name]:
+                    raise RuntimeError(f"{name}: a second pass of the same translator translated differently.")
+                results[name]["repeat_seconds_all_rounds"].append(round(wall, 2))
+        for name in engines:
+            m = results[name]
+            m["repeat_seconds"] = min(m["repeat_seconds_all_rounds"])
+            if name.startswith("ours"):
+                m["compilation_seconds"] = round(m["seconds"] - m["repeat_seconds"], 2)
+                translators.pop(name)
+                fresh, m["new_translator_seconds"], _, _ = _timed(lambda: makers[name]().translate(sources))
+                if fresh != translations[name]:
+                    raise RuntimeError(f"{name}: a new translator translated differently.")
             print(
-                f"[{backend}/task] {name:<13} {wall:7.1f} s  {len(sources) / wall:6.1f} sent/s  BLEU {scores['bleu']:.2f}"
-                f"  RSS {rss / 2**20:6.0f} MB",
+                f"[{backend}/task] {name:<18} first {m['seconds']:7.1f} s, best of {rounds} again "
+                f"{m['repeat_seconds']:6.1f} s, new translator {m.get('new_translator_seconds', float('nan')):6.1f} s",
                 flush=True,
             )
     finally:
@@ -660,8 +752,11 @@ def run_task(backend, model_dir, data_dir, source_lang, target_lang, limit, ct2_
         "model_dir": str(model_dir),
         "sentences": len(sources),
         "direction": f"{source_lang}-{target_lang}",
-        "beam_size": 4,
+        "beam_size": TASK_BEAM_SIZE,
+        "length_penalty": TASK_LENGTH_PENALTY,
         "ct2_export_seconds": exported.get("seconds"),
+        "rounds": rounds,
+        "load_average_1min_at_end": machine.load_average(),
         "engines": results,
     }
 
@@ -684,6 +779,7 @@ def gather(backends, decoders, presets, batches, lengths, rounds, ct2_threads, t
             "--task-data-dir", task["data_dir"],
             "--task-languages", f"{task['source_lang']}-{task['target_lang']}",
             "--task-limit", str(task["limit"]),
+            "--task-engines", ",".join(task["engines"]),
         ]
     parts, failures = machine.run_per_backend(__file__, backends, arguments)
     info = machine.machine_info()
@@ -800,15 +896,24 @@ def markdown_table(payload):
     if tasks:
         lines += [
             "",
-            "| Multi30k test2016, beam 4 | backend | seconds (compilation included) | sentences/s | target tokens/s | BLEU | peak RSS (MB) |",
-            "|---|---|---|---|---|---|---|",
+            "| Multi30k test2016, beam 4 | backend | first call, s (compilation included) | of it compilation, s | again, s (best round) | new translator, s | CTranslate2 float32 / this: first call | again | BLEU | peak RSS (MB) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for backend, task in tasks.items():
+            reference = task["engines"].get("ct2_float32", {})
             for name, m in task["engines"].items():
                 engine = "-" if name.startswith("ct2") else backend
+                extra = [
+                    f"{m[key]:.1f}" if key in m else "-"
+                    for key in ("compilation_seconds", "repeat_seconds", "new_translator_seconds")
+                ]
+                ratios = [
+                    f"{reference[key] / m[key]:.2f}x" if key in reference and key in m else "-"
+                    for key in ("seconds", "repeat_seconds")
+                ]
                 lines.append(
-                    f"| {name} | {engine} | {m['seconds']:.1f} | {m['sentences_per_second']:.1f} | "
-                    f"{m['target_tokens_per_second']:,.0f} | {m['bleu']:.2f} | {m['peak_rss_mb']:,.0f} |"
+                    f"| {name} | {engine} | {m['seconds']:.1f} | {' | '.join(extra)} | {' | '.join(ratios)} | "
+                    f"{m['bleu']:.2f} | {m['peak_rss_mb']:,.0f} |"
                 )
     else:
         lines += ["", f"Multi30k test2016: {payload.get('task', 'not run')}."]
@@ -889,7 +994,7 @@ def main(argv=None):
     batches = _int_list(parser, "batches", args.batches)
     if args.rounds < 1 or args.ct2_threads < 1 or args.task_limit < 1:
         parser.error("--rounds, --ct2-threads and --task-limit must be positive")
-    task = {"model_dir": args.task_model_dir, "data_dir": args.task_data_dir, "limit": args.task_limit}
+    task = {"model_dir": args.task_model_dir, "data_dir": args.task_data_dir, "limit": args.task_limit, "engines": engines}
     if args.task_model_dir:
         if not os.path.isfile(os.path.join(args.task_model_dir, "model.keras")):
             parser.error(f"--task-model-dir {args.task_model_dir!r} holds no model.keras")
@@ -900,7 +1005,7 @@ def main(argv=None):
         if args.task_model_dir:
             part["task"] = run_task(
                 backend, args.task_model_dir, args.task_data_dir, task["source_lang"], task["target_lang"],
-                args.task_limit, args.ct2_threads, engines,
+                args.task_limit, args.ct2_threads, engines, args.rounds,
             )
         machine.write_json(args.part_output, part)
         return
