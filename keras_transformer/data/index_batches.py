@@ -32,10 +32,11 @@ from keras_transformer.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 # Batches between two releases of the corpus pages read (`BinarizedCorpus.release_pages`).
-# Every one: a page fault maps a whole large folio of the page cache (~0.6 MB a pair read
-# on a 2-core AMD EPYC, kernel 6.18), so 32 batches of 25k tokens held 1.3 GB more in the
-# process's resident memory; releasing each time makes a batch ~3.6x slower to gather
-# (28 against 8 ms at 25k tokens), still far ahead of any step that reads it.
+# Every one: a page fault maps a whole large folio of the page cache (a large share of a
+# megabyte for each pair read, on recent kernels), so a few dozen batches of 25k tokens
+# held gigabytes more in the process's resident memory; releasing each time makes a
+# batch a few times slower to gather, still far ahead of any step that reads it
+# (bench/corpus_scale.py measures both).
 _RELEASE_EVERY = 1
 
 

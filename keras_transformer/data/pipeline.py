@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # The functions handed to tf.data below are written in TensorFlow ops with no Python
 # branch on a tensor, so AutoGraph has nothing to rewrite in them; left to it, it would
 # still parse and transform each one, and the tokenizers of tensorflow-text below them,
-# once a process: ~1.5 s of a first `make_dataset` on a 2-core AMD EPYC.
+# once a process, a second or more of every first `make_dataset`.
 graph_function = tf.autograph.experimental.do_not_convert
 
 # Sentences are tokenized this many at a time: tf-text is much faster on batches.

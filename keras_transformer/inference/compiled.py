@@ -142,8 +142,8 @@ class CompiledDecoder:
             return self._decode(encoder_inputs, inputs)
 
         # No AutoGraph: the searches are backend-neutral code with no Python branch on a
-        # tensor (jax.jit traces them too), and converting them cost ~2 s of a first
-        # translation (greedy 3.1 s against 1.0 s, tiny model, 2-core AMD EPYC).
+        # tensor (jax.jit traces them too), and converting them tripled the time of a
+        # first greedy translation of the tiny model.
         return tf.function(traced, jit_compile=self.jit_compile, reduce_retracing=True, autograph=False)
 
     def _build_jax(self, variables):

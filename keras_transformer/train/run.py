@@ -842,8 +842,8 @@ def jit_compile_note(jit_compile, backend=None):
 
     `jit_compile = false` (the CPU configs' choice: plain TensorFlow graphs, no XLA
     compilation per bucket shape) has no such middle ground on JAX, whose only compiled
-    step is XLA's: there every step runs eagerly (the en->de recipe's step took 2.43 s
-    eager against 1.55 s jitted on a 2-core Intel Xeon, bench/step_speed.py).
+    step is XLA's: there every step runs eagerly, about 1.6x the jitted step's time on
+    the en->de recipe (bench/step_speed.py measures it).
     """
     backend = backend or keras.backend.backend()
     if jit_compile is False and backend == "jax":
