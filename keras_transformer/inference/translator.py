@@ -420,8 +420,8 @@ def pad_batch(batch_ids, max_length, batch_size):
     S' is the smallest of the training pipeline's bucket boundaries that holds the
     longest sequence (`data.pipeline.default_bucket_boundaries(max_length)`: multiples
     of 8 growing by ~1.5x, 9 shapes up to 256); B' is `len(batch_ids)` rounded up to a
-    power of two, at most `batch_size`. So a model sees at most 9 x 7 shapes at the
-    default batch size of 64. Extra rows hold a lone EOS: an empty sentence that stops
+    power of two, at most `batch_size`. So a model sees at most 9 x 7 shapes at a batch
+    size of 64 (9 x 4 at beam 4's default of 8). Extra rows hold a lone EOS: an empty sentence that stops
     at once and changes no other row's result.
 
     Example:
