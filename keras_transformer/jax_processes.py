@@ -55,6 +55,7 @@ import keras
 import numpy as np
 
 from keras_transformer import internals
+from keras_transformer.chief_sync import ChiefSync
 
 # Keras' variables for keras.distribution.initialize(); any of them set asks for several processes.
 ENVIRONMENT = (
@@ -412,67 +413,24 @@ def wait_for_all(name):
         multihost_utils.sync_global_devices(name)
 
 
-class ProcessSync(keras.callbacks.Callback):
-    """The chief's word is final: the state a run resumes from, when it stops, its schedule's total.
+class ProcessSync(ChiefSync):
+    """`ChiefSync` over JAX's processes (`jax.experimental.multihost_utils` broadcasts)."""
 
-    Put it after every other callback. `on_train_begin` (after `BackupAndRestore`, which
-    restores a resumed run in the chief only: the others write their files into a
-    scratch directory) gives every process the chief's weights, optimizer state and
-    initial epoch. At each epoch's start and after each batch and epoch,
-    `model.stop_training` becomes the chief's (`TimeBudget` reads each process's own
-    clock: one process stopping a batch before another would leave that one waiting),
-    and so does the total of a budgeted schedule (`StepBudgetEstimator` times each
-    process's own steps, and the total is compiled into the step: every process must run
-    the same program). One process alone does nothing.
-    """
+    def _is_multi_process(self):
+        return is_multi_process()
 
-    def on_train_begin(self, logs=None):
+    def _broadcast_variables(self, variables):
         from jax.experimental import multihost_utils
 
-        if not is_multi_process():
-            return
-        model = self.model
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)  # as BackupAndRestore does in the chief
-        variables = list(model.variables) + (list(model.optimizer.variables) if model.optimizer else [])
         values = multihost_utils.broadcast_one_to_all([np.asarray(variable.value) for variable in variables])
         for variable, value in zip(variables, values):
             variable.assign(value)
-        # The epoch `fit` starts at, which `BackupAndRestore` sets when it restores.
-        internals.set_initial_epoch(model, chief_value(internals.initial_epoch(model)))
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._agree()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._agree()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._agree()
-
-    def _agree(self):
+    def _broadcast_ints(self, values):
         from jax.experimental import multihost_utils
 
-        if not is_multi_process():
-            return
-        schedule = _budget_schedule(self.model)
-        state = np.array([int(bool(self.model.stop_training)), -1 if schedule is None else int(schedule.total_steps)],
-                         np.int32)
-        stop, total = (int(value) for value in multihost_utils.broadcast_one_to_all(state))
-        self.model.stop_training = bool(stop)
-        if schedule is not None and total != schedule.total_steps:
-            schedule.total_steps = total
-            self.model.make_train_function(force=True)  # the compiled step holds the old total
-
-
-def _budget_schedule(model):
-    """The optimizer's `BudgetSchedule` (whose total a `StepBudgetEstimator` sets), else None."""
-    from keras_transformer.train.budget_estimate import budget_schedule_of
-
-    try:
-        return budget_schedule_of(model.optimizer)[0]
-    except ValueError:  # another learning rate: nothing estimated, nothing to agree on
-        return None
+        # int32: JAX's default, without x64 enabled.
+        return [int(value) for value in multihost_utils.broadcast_one_to_all(np.asarray(values, np.int32))]
 
 
 @contextlib.contextmanager

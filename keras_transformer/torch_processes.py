@@ -46,10 +46,10 @@ import os
 import signal
 import threading
 
-import keras
 import numpy as np
 
-from keras_transformer import internals
+from keras_transformer.chief_sync import ChiefSync
+
 
 # torchrun's variables; WORLD_SIZE above 1 asks for several processes.
 ENVIRONMENT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -326,65 +326,23 @@ def collectives(doing):
         ) from error
 
 
-class ProcessSync(keras.callbacks.Callback):
-    """The chief's word is final: the state a run resumes from, when it stops, its schedule's total.
+class ProcessSync(ChiefSync):
+    """`ChiefSync` over torchrun's processes (`torch.distributed` broadcasts from rank 0)."""
 
-    Put it after every other callback. `on_train_begin` (after `BackupAndRestore`, which
-    restores a resumed run in the chief only: the others write their files into a scratch
-    directory) gives every process the chief's weights, optimizer state and initial epoch.
-    At each epoch's start and after each batch and epoch, `model.stop_training` becomes the
-    chief's (`TimeBudget` reads each process's own clock: one process stopping a batch
-    before another would leave that one waiting), and so does the total of a budgeted
-    schedule (`StepBudgetEstimator` times each process's own steps): the learning rate is
-    the chief's. One process alone does nothing.
-    """
+    def _is_multi_process(self):
+        return is_multi_process()
 
-    def on_train_begin(self, logs=None):
-        if not is_multi_process():
-            return
-        model = self.model
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)  # as BackupAndRestore does in the chief
-        broadcast_from_chief(list(model.variables) + (list(model.optimizer.variables) if model.optimizer else []))
-        internals.set_initial_epoch(model, chief_value(internals.initial_epoch(model)))
+    def _broadcast_variables(self, variables):
+        broadcast_from_chief(variables)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._agree()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._agree()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._agree()
-
-    def _agree(self):
+    def _broadcast_ints(self, values):
         import torch
         import torch.distributed as dist
 
-        if not is_multi_process():
-            return
-        schedule = _budget_schedule(self.model)
-        state = torch.tensor(
-            [int(bool(self.model.stop_training)), -1 if schedule is None else int(schedule.total_steps)],
-            dtype=torch.int64,
-        )
+        state = torch.tensor(values, dtype=torch.int64)
         with collectives("agreeing with the chief on when to stop"):
             dist.broadcast(state, src=0, group=_state["control"])
-        stop, total = (int(value) for value in state)
-        self.model.stop_training = bool(stop)
-        if schedule is not None and total != schedule.total_steps:
-            schedule.total_steps = total
-            self.model.make_train_function(force=True)  # a captured step holds the old total
-
-
-def _budget_schedule(model):
-    """The optimizer's `BudgetSchedule` (whose total a `StepBudgetEstimator` sets), else None."""
-    from keras_transformer.train.budget_estimate import budget_schedule_of
-
-    try:
-        return budget_schedule_of(model.optimizer)[0]
-    except ValueError:  # another learning rate: nothing estimated, nothing to agree on
-        return None
+        return [int(value) for value in state]
 
 
 def _stop_on_sigterm():
